@@ -1,0 +1,116 @@
+"""Inside the worker: import the submission, build Model and ModelNew side by side, line up parameters.
+
+Everything here runs in the sandboxed process; failures come back as values for the phase to report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from tools.problems import ShapeSpec
+
+SUBMISSION_MODULE = "submission"
+
+
+def import_submission(code: str, path: Path) -> ModuleType:
+    """Write the code to `path` and import it from there, so tracebacks and SyntaxErrors name that
+    file and their line numbers are the submitted file's own."""
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location(SUBMISSION_MODULE, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[SUBMISSION_MODULE] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def model_new_class(module: ModuleType) -> type[torch.nn.Module] | None:
+    candidate = getattr(module, "ModelNew", None)
+    if inspect.isclass(candidate) and issubclass(candidate, torch.nn.Module):
+        return candidate
+    return None
+
+
+@dataclass
+class ModelPair:
+    reference: torch.nn.Module
+    candidate: torch.nn.Module
+    parameter_mapping: str
+
+
+def build_pair(problem_module: ModuleType, model_new: type[torch.nn.Module], shape: ShapeSpec,
+               device: torch.device, seed: int) -> ModelPair:
+    """Model and ModelNew from the same init inputs, with the reference's parameters copied over.
+
+    A TypeError from ModelNew's constructor propagates: the caller reports it as a signature error.
+    """
+    torch.manual_seed(seed)
+    reference = problem_module.Model(*shape.init_inputs).to(device).eval()
+    torch.manual_seed(seed)
+    candidate = model_new(*shape.init_inputs).to(device).eval()
+    mapping = copy_parameters(reference, candidate)
+    return ModelPair(reference, candidate, mapping)
+
+
+def copy_parameters(reference: torch.nn.Module, candidate: torch.nn.Module) -> str:
+    """Copy the reference's parameters and buffers into the candidate where they line up: by name,
+    else by order and shape. Returns a sentence saying what was matched and what was not."""
+    ref_state = _tensors(reference)
+    new_state = _tensors(candidate)
+    pairs: list[tuple[str, str]] = [(n, n) for n in ref_state if n in new_state and ref_state[n].shape == new_state[n].shape]
+    by_name = len(pairs)
+    ref_left = [n for n in ref_state if n not in {a for a, _ in pairs}]
+    new_left = [n for n in new_state if n not in {b for _, b in pairs}]
+    for ref_name in list(ref_left):
+        match = next((n for n in new_left if new_state[n].shape == ref_state[ref_name].shape), None)
+        if match is not None:
+            pairs.append((ref_name, match))
+            ref_left.remove(ref_name)
+            new_left.remove(match)
+    with torch.no_grad():
+        for ref_name, new_name in pairs:
+            new_state[new_name].copy_(ref_state[ref_name])
+    if not ref_state:
+        return "the reference has no parameters or buffers"
+    words = [f"copied {len(pairs)} of {len(ref_state)} reference tensors ({by_name} by name, {len(pairs) - by_name} by order and shape)"]
+    if ref_left:
+        words.append("unmatched in the reference: " + ", ".join(f"{n} {tuple(ref_state[n].shape)}" for n in ref_left))
+    if new_left:
+        words.append("unmatched in ModelNew: " + ", ".join(f"{n} {tuple(new_state[n].shape)}" for n in new_left))
+    return "; ".join(words)
+
+
+def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = dict(model.named_parameters())
+    state.update((n, b) for n, b in model.named_buffers() if b is not None and b.is_floating_point())
+    return state
+
+
+def make_inputs(problem_module: ModuleType, shape: ShapeSpec, dtype: torch.dtype, device: torch.device,
+                seed: int) -> list[Any]:
+    """Fresh random inputs for one shape: randn of the declared sizes, drawn on the device, or the
+    file's own get_inputs() under the seed for a plain KernelBench problem."""
+    if shape.input_shapes is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return [torch.randn(size, generator=generator, dtype=dtype, device=device) for size in shape.input_shapes]
+    torch.manual_seed(seed)
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in problem_module.get_inputs()]
+
+
+def clone_inputs(inputs: list[Any]) -> list[Any]:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def refresh_inputs(inputs: list[Any], generator: torch.Generator) -> None:
+    """New random values in place: same pointers, different contents (defeats caching by pointer)."""
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            x.normal_(generator=generator)

@@ -1,0 +1,101 @@
+"""Inside the worker: compare an output against the float64 ground truth and say how it differs.
+
+An element mismatches when |got - truth| > tolerance * max|truth|: a scale-aware bound that the eager
+reference (cuDNN TF32 or strict fp32) passes with margin, and that any indexing bug fails by far.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tools.results import Mismatch, ShapeCheck, Status
+
+
+def flatten_outputs(out: Any) -> list[torch.Tensor] | None:
+    """A model returns a tensor or a tuple/list of them; anything else is not comparable."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
+        return list(out)
+    return None
+
+
+def format_problem(got: Any, expected: list[torch.Tensor]) -> str | None:
+    """Why `got` cannot stand for `expected` (type, count, shape, dtype, device), or None."""
+    tensors = flatten_outputs(got)
+    if tensors is None:
+        return f"ModelNew returned {type(got).__name__}, expected a tensor"
+    if len(tensors) != len(expected):
+        return f"ModelNew returned {len(tensors)} tensors, the reference {len(expected)}"
+    for i, (g, e) in enumerate(zip(tensors, expected)):
+        for what, a, b in (("shape", tuple(g.shape), tuple(e.shape)), ("dtype", g.dtype, e.dtype),
+                           ("device", g.device, e.device)):
+            if a != b:
+                return f"output {i}: {what} {a}, expected {b}"
+    return None
+
+
+def relative_max_error(got: torch.Tensor, truth: torch.Tensor) -> float:
+    scale = truth.abs().max().item() if truth.numel() else 0.0
+    if not truth.numel():
+        return 0.0
+    return (got.double() - truth).abs().max().item() / (scale or 1.0)
+
+
+def compare(got: torch.Tensor, truth: torch.Tensor, tolerance: float) -> ShapeCheck:
+    """Error statistics of one output tensor against its float64 truth. Shape and seed are filled by the caller."""
+    got64 = got.detach().double()
+    finite_truth = torch.isfinite(truth)
+    nan_count = int((torch.isnan(got64) & finite_truth).sum().item())
+    inf_count = int((torch.isinf(got64) & finite_truth).sum().item())
+    scale = truth[finite_truth].abs().max().item() if finite_truth.any() else 1.0
+    diff = (got64 - truth).abs()
+    diff = torch.where(finite_truth, diff, torch.zeros_like(diff))
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    bad = diff > tolerance * (scale or 1.0)
+    mismatches = int(bad.sum().item())
+    first = None
+    if mismatches:
+        flat = int(torch.nonzero(bad.flatten(), as_tuple=False)[0].item())
+        index = [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(bad.shape))] if bad.dim() else []
+        first = Mismatch(index=index, got=float(got64.flatten()[flat].item()), expected=float(truth.flatten()[flat].item()))
+    finite_diff = diff[torch.isfinite(diff)]
+    max_abs = float(finite_diff.max().item()) if finite_diff.numel() else 0.0
+    truth_norm = truth[finite_truth].norm().item() or 1.0
+    rel_l2 = (torch.where(finite_truth, got64 - truth, torch.zeros_like(diff))).norm().item() / truth_norm
+    if nan_count or inf_count:
+        status = Status.nan_or_inf
+        message = f"{nan_count} NaN and {inf_count} Inf where the truth is finite"
+    elif mismatches:
+        status = Status.wrong_result
+        message = (f"{mismatches} of {got.numel()} elements differ by more than {tolerance:g} x max|truth| "
+                   f"({scale:.4g}); first at {first.index if first else '?'}: got {first.got if first else '?'}, "
+                   f"expected {first.expected if first else '?'}")
+    else:
+        status = Status.passed
+        message = ""
+    return ShapeCheck(
+        shape="", seed=0, status=status, message=message, max_abs_error=max_abs,
+        max_rel_error=max_abs / (scale or 1.0) if not (nan_count or inf_count) else float("inf"),
+        rel_l2_error=rel_l2, mismatches=mismatches + nan_count + inf_count, first_mismatch=first,
+        nan_count=nan_count, inf_count=inf_count,
+    )
+
+
+def compare_outputs(got: Any, truths: list[torch.Tensor], tolerance: float) -> ShapeCheck:
+    """Compare every output tensor; the first failing one decides the verdict."""
+    checks = [compare(g, t, tolerance) for g, t in zip(flatten_outputs(got) or [], truths)]
+    failing = [c for c in checks if c.status != Status.passed]
+    worst = failing[0] if failing else max(checks, key=lambda c: c.max_rel_error or 0.0)
+    return worst
+
+
+def inputs_unchanged(before: list[Any], after: list[Any]) -> str | None:
+    """Which input the candidate wrote into, if any (bitwise comparison, NaN-aware)."""
+    for i, (b, a) in enumerate(zip(before, after)):
+        if isinstance(b, torch.Tensor) and not torch.equal(b.nan_to_num(), a.nan_to_num()):
+            changed = int((b.nan_to_num() != a.nan_to_num()).sum().item())
+            return f"input {i} was modified in place ({changed} elements changed)"
+    return None

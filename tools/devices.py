@@ -1,0 +1,62 @@
+"""Peak rates of the devices we time on, for roofline floors and the too-fast check.
+
+Vendor datasheet figures (dense, no sparsity). A GPU not in the table gets its bandwidth measured
+with a device-to-device copy and no compute peak, so floors stay conservative rather than invented.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class DevicePeaks(BaseModel):
+    name: str
+    bandwidth_bytes_s: float
+    tf32_flops_s: float | None = None
+    fp32_flops_s: float | None = None
+    source: str = "datasheet"
+
+
+# Substring of torch.cuda.get_device_name() -> peaks. Order matters: the first match wins.
+DATASHEET = [
+    ("H200", DevicePeaks(name="H200", bandwidth_bytes_s=4.8e12, tf32_flops_s=495e12, fp32_flops_s=67e12)),
+    ("H100 PCIe", DevicePeaks(name="H100 PCIe", bandwidth_bytes_s=2.0e12, tf32_flops_s=378e12, fp32_flops_s=51e12)),
+    ("H100", DevicePeaks(name="H100 SXM", bandwidth_bytes_s=3.35e12, tf32_flops_s=495e12, fp32_flops_s=67e12)),
+    ("A100", DevicePeaks(name="A100", bandwidth_bytes_s=2.04e12, tf32_flops_s=156e12, fp32_flops_s=19.5e12)),
+    ("L40S", DevicePeaks(name="L40S", bandwidth_bytes_s=0.864e12, tf32_flops_s=183e12, fp32_flops_s=91.6e12)),
+]
+
+
+def gpu_peaks(device_name: str) -> DevicePeaks:
+    for key, peaks in DATASHEET:
+        if key in device_name:
+            return peaks
+    return DevicePeaks(name=device_name, bandwidth_bytes_s=_measured_copy_bandwidth(), source="measured copy x1.25")
+
+
+def _measured_copy_bandwidth() -> float:
+    """Bytes read plus written per second by a 1 GiB device copy, with 25% headroom for the floor."""
+    import torch
+
+    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 5
+    return 2 * src.numel() * 4 / seconds * 1.25
+
+
+def floors(peaks: DevicePeaks | None, flops: int | None, bytes_moved: int | None,
+           allow_tf32: bool) -> tuple[float | None, float | None]:
+    """(memory floor, roofline floor) in milliseconds; None where a count or a peak is unknown."""
+    if peaks is None or bytes_moved is None:
+        return None, None
+    memory_ms = bytes_moved / peaks.bandwidth_bytes_s * 1e3
+    rate = peaks.tf32_flops_s if allow_tf32 else peaks.fp32_flops_s
+    compute_ms = flops / rate * 1e3 if flops is not None and rate else 0.0
+    return memory_ms, max(memory_ms, compute_ms)

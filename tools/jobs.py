@@ -1,0 +1,48 @@
+"""What crosses the boundary between the caller and a sandboxed worker (worker IPC).
+
+The caller writes one `WorkerJob` as JSON to the worker's stdin; the worker answers with one
+`WorkerReply` on a private pipe, tagged with the job's nonce. The candidate's stdout is never parsed.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from tools.problems import ProblemSpec
+from tools.results import Backend, PhaseResultAny
+
+Phase = Literal["compile", "test", "benchmark"]
+
+
+class EvalOptions(BaseModel):
+    """Knobs a caller may turn; the defaults are what an honest verdict needs."""
+
+    shapes: list[str] | None = Field(None, description="names of shapes to use; default: all of the phase's shapes")
+    seeds: int = Field(3, ge=1, le=20, description="fresh random input sets per correctness shape")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="wall-clock limit of the worker; default per phase")
+    compare_torch_compile: bool = Field(False, description="benchmark: also time torch.compile(Model)")
+    time_budget_s: float = Field(2.0, gt=0, le=60, description="benchmark: seconds of timing per shape")
+    min_samples: int = Field(10, ge=3, le=1000)
+    max_samples: int = Field(500, ge=3, le=100000)
+
+
+class WorkerJob(BaseModel):
+    phase: Phase
+    problem: ProblemSpec
+    code: str
+    backend: Backend
+    options: EvalOptions
+    nonce: str
+    result_fd: int
+    submission_path: str = Field(description="where the worker writes the submitted code before importing it")
+    build_dir: str = Field(description="TORCH_EXTENSIONS_DIR for this source: the build cache entry")
+    cache_key: str
+    cache_hit: bool
+
+
+class WorkerReply(BaseModel):
+    nonce: str
+    final: bool = False
+    result: PhaseResultAny

@@ -1,0 +1,177 @@
+"""Reference problems: KernelBench files, plus the optional metadata our own problems carry.
+
+A problem is a Python file with `class Model`, `get_inputs()` and `get_init_inputs()` (KernelBench's
+format), which loads unmodified with its own single shape. Our problems may add module-level metadata:
+
+    DTYPE = "float32"
+    ALLOW_TF32 = True                      # tolerance policy: "tf32" if True, else strict "fp32"
+    FORBIDDEN_OPS = ["aten::convolution"]  # operators ModelNew may not call to do the work
+    SHAPES = [{"name": ..., "init_inputs": [...], "input_shapes": [[...]],
+               "correctness": True, "benchmark": False}, ...]
+    def flops(init_inputs, input_shapes) -> int: ...        # for the roofline
+    def bytes_moved(init_inputs, input_shapes) -> int: ...  # each input read once, output written once
+
+A shipped problem is a folder `reference_problems/<name>/` holding `problem.py` (and, later, kernel
+templates); any other file or folder of files is loaded by path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tools.results import Backend, TolerancePolicy
+
+PROBLEMS_DIR = Path(__file__).resolve().parent.parent / "reference_problems"
+
+# Max error over max |truth| that each policy admits. cuDNN with TF32 lands near 3e-4 on the causal
+# conv1d shapes and strict fp32 under 2e-6 (shared/anchors), so both leave the reference a wide margin.
+TOLERANCES = {
+    "tf32": TolerancePolicy(name="tf32", max_rel_error=2e-3, allow_tf32=True),
+    "fp32": TolerancePolicy(name="fp32", max_rel_error=1e-5, allow_tf32=False),
+}
+
+
+class ProblemError(ValueError):
+    """The problem file cannot be used; the message says what is wrong and how to fix it."""
+
+
+class ShapeSpec(BaseModel):
+    """One named configuration: constructor arguments and input sizes."""
+
+    name: str
+    init_inputs: list[Any]
+    input_shapes: list[list[int]] | None = Field(
+        None, description="sizes of randn inputs; None means: call the file's get_inputs()"
+    )
+    correctness: bool = True
+    benchmark: bool = True
+    backends: list[Backend] = Field(["cuda", "cpu"], description="backends this shape runs on")
+    flops: int | None = None
+    bytes: int | None = None
+
+
+class ProblemSpec(BaseModel):
+    name: str
+    path: str = Field(description="the problem file the worker imports")
+    source: str
+    dtype: str = "float32"
+    tolerance: TolerancePolicy
+    forbidden_ops: list[str] = []
+    shapes: list[ShapeSpec]
+    has_metadata: bool = Field(description="False for a plain KernelBench file")
+
+    def correctness_shapes(self, backend: Backend) -> list[ShapeSpec]:
+        return [s for s in self.shapes if s.correctness and backend in s.backends]
+
+    def benchmark_shapes(self, backend: Backend) -> list[ShapeSpec]:
+        return [s for s in self.shapes if s.benchmark and backend in s.backends]
+
+    def shape(self, name: str) -> ShapeSpec:
+        for s in self.shapes:
+            if s.name == name:
+                return s
+        raise ProblemError(f"problem {self.name!r} has no shape {name!r}; shapes: {[s.name for s in self.shapes]}")
+
+
+def shipped_problem_names() -> list[str]:
+    return sorted(p.parent.name for p in PROBLEMS_DIR.glob("*/problem.py"))
+
+
+def import_problem_module(path: Path) -> ModuleType:
+    """Import a problem file under a name derived from its path, so two problems never collide."""
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    module_name = f"kernelloop_problem_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ProblemError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise ProblemError(f"{path}: importing the problem failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _default_shape(module: ModuleType) -> ShapeSpec:
+    init_inputs = list(module.get_init_inputs())
+    return ShapeSpec(name="default", init_inputs=init_inputs, input_shapes=None)
+
+
+def _shapes_from_metadata(module: ModuleType, path: Path) -> list[ShapeSpec]:
+    shapes = []
+    flops = getattr(module, "flops", None)
+    bytes_moved = getattr(module, "bytes_moved", None)
+    for i, raw in enumerate(module.SHAPES):
+        try:
+            shape = ShapeSpec.model_validate(raw)
+        except Exception as exc:
+            raise ProblemError(f"{path}: SHAPES[{i}] is malformed: {exc}") from exc
+        if shape.input_shapes is not None:
+            if flops is not None:
+                shape.flops = int(flops(shape.init_inputs, shape.input_shapes))
+            if bytes_moved is not None:
+                shape.bytes = int(bytes_moved(shape.init_inputs, shape.input_shapes))
+        shapes.append(shape)
+    names = [s.name for s in shapes]
+    if len(set(names)) != len(names):
+        raise ProblemError(f"{path}: shape names must be unique, got {names}")
+    for backend in ("cuda", "cpu"):
+        if not any(s.correctness and backend in s.backends for s in shapes) or not any(
+            s.benchmark and backend in s.backends for s in shapes
+        ):
+            raise ProblemError(f"{path}: SHAPES needs a correctness and a benchmark shape for the {backend} backend")
+    return shapes
+
+
+def load_problem_file(path: Path, name: str | None = None) -> ProblemSpec:
+    """Load a KernelBench-format file, with our metadata when it has any."""
+    path = path.resolve()
+    if not path.is_file():
+        raise ProblemError(f"{path}: no such problem file")
+    module = import_problem_module(path)
+    missing = [attr for attr in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, attr)]
+    if missing:
+        raise ProblemError(f"{path}: a problem file must define Model, get_inputs and get_init_inputs; missing {missing}")
+    has_metadata = hasattr(module, "SHAPES")
+    shapes = _shapes_from_metadata(module, path) if has_metadata else [_default_shape(module)]
+    allow_tf32 = bool(getattr(module, "ALLOW_TF32", False))
+    return ProblemSpec(
+        name=name or (path.parent.name if path.name == "problem.py" else path.stem),
+        path=str(path),
+        source=path.read_text(),
+        dtype=str(getattr(module, "DTYPE", "float32")),
+        tolerance=TOLERANCES["tf32" if allow_tf32 else "fp32"],
+        forbidden_ops=list(getattr(module, "FORBIDDEN_OPS", [])),
+        shapes=shapes,
+        has_metadata=has_metadata,
+    )
+
+
+def load_problem(name_or_path: str) -> ProblemSpec:
+    """A shipped problem by name (`causal_conv1d`), or any KernelBench file by path."""
+    shipped = PROBLEMS_DIR / name_or_path / "problem.py"
+    if "/" not in name_or_path and shipped.is_file():
+        return load_problem_file(shipped, name_or_path)
+    path = Path(name_or_path)
+    if path.is_dir() and (path / "problem.py").is_file():
+        return load_problem_file(path / "problem.py", path.name)
+    if path.is_file():
+        return load_problem_file(path)
+    raise ProblemError(
+        f"unknown problem {name_or_path!r}: give a shipped problem name ({', '.join(shipped_problem_names())}) "
+        "or the path of a KernelBench-format file"
+    )
+
+
+def load_problem_folder(folder: Path) -> list[ProblemSpec]:
+    """Every KernelBench file in a folder (KernelBench's level directories load this way)."""
+    return [load_problem_file(p) for p in sorted(folder.glob("*.py")) if not p.name.startswith("_")]

@@ -1,0 +1,171 @@
+"""The verdicts the three tools hand back.
+
+Every phase returns one of these models, whatever happened: a crash, a hang or a wrong answer is a
+`status` with a message, never an exception. The same models travel from the sandboxed worker to the
+caller (worker IPC), out of the HTTP API and into the database, so they are the one place where a
+field's meaning is defined.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, Field
+
+
+class Status(str, Enum):
+    """Outcome of a phase. Only `passed` counts as success."""
+
+    passed = "passed"
+    # compile phase
+    compile_error = "compile_error"  # Python syntax error, nvcc/gcc/linker failure, import failure
+    missing_model_new = "missing_model_new"  # the module imported but defines no ModelNew class
+    signature_error = "signature_error"  # ModelNew(*init_inputs) was rejected
+    # test phase
+    wrong_result = "wrong_result"  # values outside the tolerance
+    nan_or_inf = "nan_or_inf"  # the output holds NaN or Inf where the truth does not
+    wrong_output = "wrong_output"  # shape, dtype or device differ from the reference's output
+    input_mutated = "input_mutated"  # the candidate wrote into its inputs
+    nondeterministic = "nondeterministic"  # two runs on one input disagree (a race)
+    forbidden_op = "forbidden_op"  # the candidate let the reference's own operator do the work
+    # benchmark phase
+    suspicious = "suspicious"  # faster than physics allows, or timed outputs were wrong
+    # any phase
+    runtime_error = "runtime_error"  # exception, segfault, abort, illegal memory access, os._exit
+    timeout = "timeout"  # the wall-clock limit was hit; the whole process group was killed
+    sandbox_error = "sandbox_error"  # the harness itself failed (bad problem, no result came back)
+
+
+Isolation = Literal["bubblewrap", "unshare", "none"]
+Backend = Literal["cuda", "cpu"]
+
+
+class Diagnostic(BaseModel):
+    """One compiler or interpreter message, pointed at the submitted file where possible."""
+
+    severity: Literal["error", "warning", "note"]
+    line: int | None = Field(None, description="1-based line in the submitted source, when it maps back")
+    column: int | None = None
+    message: str
+    excerpt: str | None = Field(None, description="the submitted source line the message points at")
+    tool: Literal["python", "nvcc", "gcc", "linker", "ninja", "torch"] = "python"
+    generated_file: str | None = Field(None, description="file the compiler saw (cuda.cu, main.cpp), if not the submission")
+    generated_line: int | None = None
+
+
+class SandboxReport(BaseModel):
+    """How the worker process ran: isolation in force, exit, and its capped output."""
+
+    isolation: Isolation
+    wall_seconds: float
+    exit_code: int | None = None
+    signal: str | None = None
+    timed_out: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    output_truncated: bool = False
+
+
+class PhaseResult(BaseModel):
+    """Fields shared by the three tools' results."""
+
+    status: Status
+    message: str = ""
+    problem: str
+    backend: Backend
+    device: str = Field("", description="the device the phase ran on, e.g. 'NVIDIA H200' or 'cpu'")
+    sandbox: SandboxReport | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.passed
+
+
+class CompileResult(PhaseResult):
+    kind: Literal["compile"] = "compile"
+    diagnostics: list[Diagnostic] = []
+    log: str = Field("", description="build log, capped")
+    log_truncated: bool = False
+    build_seconds: float | None = Field(None, description="time to import the submission, builds included")
+    cache_key: str = ""
+    cache_hit: bool = Field(False, description="the build directory existed before this job")
+    shapes_instantiated: list[str] = []
+    toolchain: dict[str, str] = {}
+
+
+class Mismatch(BaseModel):
+    index: list[int]
+    got: float
+    expected: float
+
+
+class ShapeCheck(BaseModel):
+    """One (shape, seed) comparison of the candidate against the float64 ground truth."""
+
+    shape: str
+    seed: int
+    status: Status
+    message: str = ""
+    max_abs_error: float | None = None
+    max_rel_error: float | None = Field(None, description="max |got-truth| / max |truth|")
+    rel_l2_error: float | None = None
+    mismatches: int = 0
+    first_mismatch: Mismatch | None = None
+    nan_count: int = 0
+    inf_count: int = 0
+    reference_max_rel_error: float | None = Field(None, description="the eager reference's own error, same measure")
+
+
+class TolerancePolicy(BaseModel):
+    name: Literal["tf32", "fp32"]
+    max_rel_error: float = Field(description="an element mismatches when |got-truth| > this * max|truth|")
+    allow_tf32: bool
+
+
+class TestResult(PhaseResult):
+    __test__ = False  # not a pytest class
+    kind: Literal["test"] = "test"
+
+    compile: CompileResult | None = None
+    tolerance: TolerancePolicy | None = None
+    checks: list[ShapeCheck] = []
+    parameter_mapping: str = Field("", description="how the reference's parameters were copied into ModelNew")
+    ops_called: list[str] = Field([], description="aten operators the candidate's forward dispatched")
+
+
+class Timing(BaseModel):
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+    n: int
+
+
+class ShapeBenchmark(BaseModel):
+    shape: str
+    status: Status
+    message: str = ""
+    candidate: Timing | None = None
+    reference: Timing | None = None
+    compiled_reference: Timing | None = None
+    speedup: float | None = Field(None, description="reference median / candidate median")
+    speedup_vs_compiled: float | None = None
+    tflops: float | None = None
+    gbps: float | None = None
+    floor_ms: float | None = Field(None, description="roofline floor: max(bytes/peak bandwidth, flops/peak rate)")
+    memory_floor_ms: float | None = None
+    fraction_of_floor: float | None = Field(None, description="floor_ms / candidate median")
+    outputs_checked: int = 0
+
+
+class BenchmarkResult(PhaseResult):
+    kind: Literal["benchmark"] = "benchmark"
+    compile: CompileResult | None = None
+    shapes: list[ShapeBenchmark] = []
+    geomean_speedup: float | None = None
+    timing_method: str = ""
+
+
+PhaseResultAny = Annotated[Union[CompileResult, TestResult, BenchmarkResult], Field(discriminator="kind")]

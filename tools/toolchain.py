@@ -1,0 +1,88 @@
+"""What a build needs from the host: where CUDA and its headers are, which GPU to target, and a
+fingerprint of the toolchain for the build cache's key."""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from tools.settings import Settings
+
+
+@lru_cache(maxsize=1)
+def cuda_home() -> str | None:
+    """The CUDA toolkit torch would use (CUDA_HOME, else nvcc on PATH, else /usr/local/cuda)."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    return next((c for c in candidates if c and Path(c, "bin", "nvcc").exists()
+                 and Path(c, "include", "cuda_runtime.h").exists()), None)
+
+
+@lru_cache(maxsize=1)
+def wheel_include_dirs() -> list[str]:
+    """Header folders that pip's nvidia-* wheels carry (cublas_v2.h, cusparse.h live only there)."""
+    dirs: list[str] = []
+    for site in sys.path:
+        dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+
+
+@lru_cache(maxsize=1)
+def gpu_arch() -> str | None:
+    """Compute capability of the first visible GPU, e.g. '9.0', read without creating a CUDA context."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    caps = out.stdout.split()
+    return caps[0] if out.returncode == 0 and caps else None
+
+
+def build_environment(settings: Settings) -> dict[str, str]:
+    """Variables that make load_inline builds work inside the sandbox, GPU or not."""
+    env = {"TORCH_CUDA_ARCH_LIST": gpu_arch() or settings.cuda_arch_list}
+    home = cuda_home()
+    if home:
+        env["CUDA_HOME"] = home
+    # Searched after the toolkit's own headers (as -isystem), so they only fill in what it lacks.
+    includes = wheel_include_dirs()
+    if includes:
+        env["CPLUS_INCLUDE_PATH"] = os.pathsep.join(includes)
+        env["NVCC_APPEND_FLAGS"] = " ".join(f"-isystem {d}" for d in includes)
+    return env
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return "absent"
+    return out[-1] if argv[0].endswith("nvcc") and out else (out[0] if out else "absent")
+
+
+@lru_cache(maxsize=1)
+def toolchain_fingerprint(settings_arch: str) -> dict[str, str]:
+    """Everything that changes what a build produces; part of the build cache key."""
+    import torch
+
+    home = cuda_home()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": str(torch.version.cuda),
+        "nvcc": _first_line([str(Path(home, "bin", "nvcc")), "--version"]) if home else "absent",
+        "cxx": _first_line([os.environ.get("CXX", "c++"), "--version"]),
+        "arch": gpu_arch() or settings_arch,
+        "machine": platform.machine(),
+    }
