@@ -18,6 +18,7 @@ from tools.results import Diagnostic
 
 MAX_DIAGNOSTICS = 50
 CONTEXT_LINES = 5  # non-blank lines compared on each side of the reported line
+ECHO_WINDOW = 8  # log lines after a message searched for the compiler's echo of the source line
 LOAD_INLINE_FILES = {"main.cpp", "cuda.cu"}  # the files load_inline writes from the submitted strings
 BUILD_FAILURE_PREFIX = "Error building extension"
 
@@ -72,7 +73,7 @@ def build_log_diagnostics(log: str, source: str) -> list[Diagnostic]:
     """Diagnostics parsed from a load_inline/ninja build log, in log order, de-duplicated, capped.
 
     Order is kept because the first error usually causes the rest; duplicates are dropped because
-    nvcc repeats messages across its host and device passes; the cap keeps a template explosion from
+    nvcc repeats front-end messages for each target architecture; the cap keeps a template explosion from
     burying the first error. Lines naming a generated file are mapped back to the submission.
     """
     lines = _ANSI.sub("", log).splitlines()
@@ -81,7 +82,7 @@ def build_log_diagnostics(log: str, source: str) -> list[Diagnostic]:
     seen: set[tuple[str | None, int | None, str]] = set()  # (file, line, message)
     diagnostics: list[Diagnostic] = []
     for i, text in enumerate(lines):
-        diagnostic = _parse_line(text, lines[i + 1:], submitted, generated)
+        diagnostic = _parse_line(text, lines[i + 1:i + 1 + ECHO_WINDOW], submitted, generated)
         if diagnostic is None:
             continue
         key = (diagnostic.generated_file, diagnostic.generated_line, diagnostic.message)
@@ -117,7 +118,7 @@ def _parse_line(text: str, following: list[str], submitted: list[str],
 def _quoted_source(line: int, following: list[str]) -> str | None:
     """The source line a compiler echoed after its message (g++ "  12 | code", nvcc's line above a caret)."""
     gcc_quote = re.compile(_GCC_QUOTE.format(line=line))
-    for i, text in enumerate(following[:8]):
+    for i, text in enumerate(following):
         if _GCC.match(text) or _NVCC.match(text):
             return None
         if m := gcc_quote.match(text):

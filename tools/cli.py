@@ -1,0 +1,132 @@
+"""`kernelloop`: the command line. `compile`, `test` and `bench` run the tools on a file; readable by
+default, `--json` for scripts. Other packages add their subcommands through `COMMAND_MODULES`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from tools.api import benchmark, compile_kernel, default_backend, run_tests
+from tools.jobs import EvalOptions
+from tools.problems import ProblemError, load_problem
+from tools.results import BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
+
+# Modules with `add_commands(subparsers)`; each is optional until its package exists.
+COMMAND_MODULES = ["server.cli", "agent.cli"]
+
+
+def _format_compile(result: CompileResult) -> list[str]:
+    lines = [f"compile: {result.status.value}" + (f" ({result.message})" if result.message else "")]
+    if result.build_seconds is not None:
+        lines.append(f"  build {result.build_seconds:.2f} s, cache {'hit' if result.cache_hit else 'miss'}, key {result.cache_key[:16]}")
+    for d in result.diagnostics[:20]:
+        where = f"line {d.line}" if d.line else (f"{d.generated_file}:{d.generated_line}" if d.generated_file else "?")
+        lines.append(f"  {d.severity} [{d.tool}] {where}: {d.message}")
+        if d.excerpt:
+            lines.append(f"      | {d.excerpt.strip()}")
+    return lines
+
+
+def _format_test(result: TestResult) -> list[str]:
+    lines = []
+    if result.tolerance:
+        lines.append(f"tolerance: {result.tolerance.name} (max error {result.tolerance.max_rel_error:g} x max|truth|)")
+    if result.parameter_mapping:
+        lines.append(f"parameters: {result.parameter_mapping}")
+    lines.append(f"{'shape':34} {'seed':>11} {'status':14} {'max rel err':>12} {'ref err':>10}  detail")
+    for c in result.checks:
+        err = f"{c.max_rel_error:.2e}" if c.max_rel_error is not None else "-"
+        ref = f"{c.reference_max_rel_error:.2e}" if c.reference_max_rel_error is not None else "-"
+        lines.append(f"{c.shape:34} {c.seed:>11} {c.status.value:14} {err:>12} {ref:>10}  {c.message[:80]}")
+    return lines
+
+
+def _format_benchmark(result: BenchmarkResult) -> list[str]:
+    lines = [f"{'shape':34} {'ours ms':>10} {'ref ms':>10} {'speedup':>8} {'compile ms':>10} {'TFLOP/s':>8} "
+             f"{'GB/s':>8} {'floor ms':>9} {'of floor':>8} {'n':>5}  status"]
+    for s in result.shapes:
+        def f(v: float | None, fmt: str) -> str:
+            return format(v, fmt) if v is not None else "-"
+        lines.append(
+            f"{s.shape:34} {f(s.candidate and s.candidate.median_ms, '.4f'):>10} {f(s.reference and s.reference.median_ms, '.4f'):>10} "
+            f"{f(s.speedup, '.3f'):>8} {f(s.compiled_reference and s.compiled_reference.median_ms, '.4f'):>10} "
+            f"{f(s.tflops, '.3g'):>8} {f(s.gbps, '.4g'):>8} {f(s.floor_ms, '.4f'):>9} {f(s.fraction_of_floor, '.1%'):>8} "
+            f"{s.candidate.n if s.candidate else 0:>5}  {s.status.value} {s.message[:60]}")
+    if result.geomean_speedup:
+        lines.append(f"geometric mean speedup: {result.geomean_speedup:.3f}x  ({result.timing_method})")
+    return lines
+
+
+def format_result(result: PhaseResult) -> str:
+    """A person's view of any tool result."""
+    lines = [f"{result.problem} on {result.backend} ({result.device or 'no device'}): {result.status.value.upper()}"]
+    if result.message:
+        lines.append(f"  {result.message}")
+    compiled = result if isinstance(result, CompileResult) else getattr(result, "compile", None)
+    if compiled is not None:
+        lines += _format_compile(compiled)
+    if isinstance(result, TestResult):
+        lines += _format_test(result)
+    if isinstance(result, BenchmarkResult):
+        lines += _format_benchmark(result)
+    if result.sandbox:
+        s = result.sandbox
+        lines.append(f"sandbox: {s.isolation}, {s.wall_seconds:.1f} s" + (", timed out" if s.timed_out else "")
+                     + (f", signal {s.signal}" if s.signal else ""))
+    return "\n".join(lines)
+
+
+def _run_tool(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        print(f"kernelloop: {path}: no such file (give the path of a Python file defining ModelNew)", file=sys.stderr)
+        return 2
+    try:
+        problem = load_problem(args.problem)
+    except ProblemError as exc:
+        print(f"kernelloop: --problem: {exc}", file=sys.stderr)
+        return 2
+    options = EvalOptions(shapes=args.shapes, seeds=args.seeds, compare_torch_compile=args.torch_compile,
+                          time_budget_s=args.time_budget, timeout_s=args.timeout)
+    tool = {"compile": compile_kernel, "test": run_tests, "bench": benchmark}[args.command]
+    result = tool(problem, path.read_text(), args.backend or default_backend(), options)
+    print(result.model_dump_json(indent=2) if args.json else format_result(result))
+    return 0 if result.status == Status.passed else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kernelloop", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, what in (("compile", "build and import a submission"), ("test", "check it against the reference"),
+                       ("bench", "time it against the reference")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("file", help="Python file defining ModelNew (KernelBench format)")
+        p.add_argument("--problem", required=True, help="shipped problem name (e.g. causal_conv1d) or a problem file")
+        p.add_argument("--backend", choices=["cuda", "cpu"], help="default: cuda if a GPU is visible, else cpu")
+        p.add_argument("--json", action="store_true", help="print the full result as JSON")
+        p.add_argument("--shapes", nargs="+", help="only these shape names")
+        p.add_argument("--seeds", type=int, default=3, help="random input sets per correctness shape (test)")
+        p.add_argument("--torch-compile", action="store_true", help="also time torch.compile(Model) (bench)")
+        p.add_argument("--time-budget", type=float, default=2.0, help="seconds of timing per shape (bench)")
+        p.add_argument("--timeout", type=float, help="wall-clock limit of the worker, seconds")
+        p.set_defaults(handler=_run_tool)
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue
+            raise
+        module.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
