@@ -83,9 +83,9 @@ def _string(source: str, name: str) -> str:
     raise KeyError(name)
 
 
-def _line_of(source: str, text: str, after: int = 0) -> int:
-    """1-based number of the first line after line `after` containing `text`."""
-    return next(n for n, line in enumerate(source.splitlines(), start=1) if n > after and text in line)
+def _line_of(source: str, text: str) -> int:
+    """1-based number of the first line containing `text`."""
+    return next(n for n, line in enumerate(source.splitlines(), start=1) if text in line)
 
 
 def _compile(command: list[str]) -> str:

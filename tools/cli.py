@@ -96,6 +96,21 @@ def _run_tool(args: argparse.Namespace) -> int:
     return 0 if result.status == Status.passed else 1
 
 
+def _run_demo(args: argparse.Namespace) -> int:
+    """Test and time the shipped example kernel for causal_conv1d on this machine's backend."""
+    backend = args.backend or default_backend()
+    example = Path(__file__).resolve().parent.parent / "reference_problems" / "causal_conv1d" / f"example_{backend}.py"
+    print(f"kernelloop demo: evaluating {example.name} against causal_conv1d on the {backend} backend")
+    code = example.read_text()
+    tested = run_tests("causal_conv1d", code, backend)
+    print(format_result(tested))
+    if tested.status != Status.passed:
+        return 1
+    timed = benchmark("causal_conv1d", code, backend)
+    print(format_result(timed))
+    return 0 if timed.status == Status.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernelloop", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -112,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--time-budget", type=float, default=2.0, help="seconds of timing per shape (bench)")
         p.add_argument("--timeout", type=float, help="wall-clock limit of the worker, seconds")
         p.set_defaults(handler=_run_tool)
+    demo = sub.add_parser("demo", help="test and time the shipped example kernel (GPU if present, else CPU)")
+    demo.add_argument("--backend", choices=["cuda", "cpu"])
+    demo.set_defaults(handler=_run_demo)
     for module_name in COMMAND_MODULES:
         try:
             module = importlib.import_module(module_name)

@@ -56,10 +56,8 @@ def compile_phase(job: WorkerJob, report: Report) -> tuple[CompileResult, Loaded
     result = CompileResult(status=Status.passed, problem=job.problem.name, backend=job.backend,
                            cache_key=job.cache_key, cache_hit=job.cache_hit)
     device = _device(job)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        result.status, result.message = Status.sandbox_error, "the cuda backend needs a GPU and none is visible here; use the cpu backend"
-        return result, None
-    result.device = _device_name(device)
+    has_device = device.type != "cuda" or torch.cuda.is_available()
+    result.device = _device_name(device) if has_device else "none (no GPU visible: built, imported and constructed on the CPU)"
     try:
         problem_module = import_problem_module(Path(job.problem.path))
     except Exception as exc:
@@ -100,6 +98,11 @@ def compile_phase(job: WorkerJob, report: Report) -> tuple[CompileResult, Loaded
             result.message = f"ModelNew{tuple(shape.init_inputs)} raised for shape {shape.name}: {_error_text(exc)}"
             return result, None
         result.shapes_instantiated.append(shape.name)
+    if not has_device:
+        if job.phase != "compile":
+            result.status = Status.sandbox_error
+            result.message = "the cuda backend needs a GPU to test or time, and none is visible here; use the cpu backend"
+        return result, None
     return result, Loaded(problem_module, model_new, device)
 
 

@@ -1,0 +1,19 @@
+# The two commands of the README. Each sets up .venv on first use (torch 2.14.1 comes from local disk
+# on our machines; elsewhere pip downloads it).
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: run test
+
+$(BIN)/.kernelloop-installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.14.1
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+run: $(BIN)/.kernelloop-installed
+	$(BIN)/kernelloop demo
+
+test: $(BIN)/.kernelloop-installed
+	$(BIN)/python -m pytest -q
