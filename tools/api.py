@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from tools import build_cache, sandbox, toolchain
@@ -19,6 +20,8 @@ from tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, 
 from tools.settings import Settings, get_settings
 
 RESULT_TYPES: dict[Phase, type[PhaseResult]] = {"compile": CompileResult, "test": TestResult, "benchmark": BenchmarkResult}
+Progress = Callable[[PhaseResult], None]
+"""Called with the result-so-far each time the worker reports a step (the service streams these)."""
 
 
 def default_backend() -> Backend:
@@ -27,21 +30,24 @@ def default_backend() -> Backend:
 
 
 def compile_kernel(problem: ProblemSpec | str, code: str, backend: Backend | None = None,
-                   options: EvalOptions | None = None, settings: Settings | None = None) -> CompileResult:
+                   options: EvalOptions | None = None, settings: Settings | None = None,
+                   on_progress: Progress | None = None) -> CompileResult:
     """Build and import the submission and instantiate ModelNew for every shape of the problem."""
-    return _run_phase("compile", problem, code, backend, options, settings)  # type: ignore[return-value]
+    return _run_phase("compile", problem, code, backend, options, settings, on_progress)  # type: ignore[return-value]
 
 
 def run_tests(problem: ProblemSpec | str, code: str, backend: Backend | None = None,
-              options: EvalOptions | None = None, settings: Settings | None = None) -> TestResult:
+              options: EvalOptions | None = None, settings: Settings | None = None,
+              on_progress: Progress | None = None) -> TestResult:
     """Compile, then compare ModelNew with the float64 truth on every correctness shape and several seeds."""
-    return _run_phase("test", problem, code, backend, options, settings)  # type: ignore[return-value]
+    return _run_phase("test", problem, code, backend, options, settings, on_progress)  # type: ignore[return-value]
 
 
 def benchmark(problem: ProblemSpec | str, code: str, backend: Backend | None = None,
-              options: EvalOptions | None = None, settings: Settings | None = None) -> BenchmarkResult:
+              options: EvalOptions | None = None, settings: Settings | None = None,
+              on_progress: Progress | None = None) -> BenchmarkResult:
     """Compile, then time ModelNew against the reference on every benchmark shape."""
-    return _run_phase("benchmark", problem, code, backend, options, settings)  # type: ignore[return-value]
+    return _run_phase("benchmark", problem, code, backend, options, settings, on_progress)  # type: ignore[return-value]
 
 
 def _timeout(phase: Phase, options: EvalOptions, settings: Settings) -> float:
@@ -52,7 +58,7 @@ def _timeout(phase: Phase, options: EvalOptions, settings: Settings) -> float:
 
 
 def _run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Backend | None,
-               options: EvalOptions | None, settings: Settings | None) -> PhaseResult:
+               options: EvalOptions | None, settings: Settings | None, on_progress: Progress | None = None) -> PhaseResult:
     settings = settings or get_settings()
     options = options or EvalOptions()
     spec = load_problem(problem) if isinstance(problem, str) else problem
@@ -74,6 +80,8 @@ def _run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Bac
             return  # not ours: a submission writing into the pipe cannot forge the nonce
         if reply.nonce == nonce:
             (final if reply.final else last).append(reply.result)
+            if on_progress is not None and not reply.final:
+                on_progress(reply.result)
 
     env = sandbox.worker_environment(toolchain.build_environment(settings), job_dir)
     try:
@@ -110,6 +118,8 @@ def _verdict_without_reply(phase: Phase, problem: str, backend: Backend, partial
 
 def _last_step(result: PhaseResult) -> str:
     """Where a partial result says the worker was: after which shape."""
+    if isinstance(result, TestResult) and result.message.startswith("checking shape"):
+        return f" while {result.message}" + (f", after {len(result.checks)} passed checks" if result.checks else "")
     if isinstance(result, TestResult) and result.checks:
         last = result.checks[-1]
         return f" after shape {last.shape} seed {last.seed} passed, during the next check"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tools.problems import ProblemSpec
 from tools.results import Backend, PhaseResultAny
@@ -43,6 +43,8 @@ class WorkerJob(BaseModel):
 
 
 class WorkerReply(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")  # a NaN in a check must not void the whole reply
+
     nonce: str
     final: bool = False
     result: PhaseResultAny

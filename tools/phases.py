@@ -160,6 +160,8 @@ def test_phase(job: WorkerJob, report: Report) -> TestResult:
     for shape in _selected(job.problem.correctness_shapes(job.backend), job.options.shapes):
         seeds = [secrets.randbelow(2**31) for _ in range(job.options.seeds)]
         for seed in seeds:
+            result.message = f"checking shape {shape.name}, seed {seed}"
+            report(result)  # should the process die in this check, the caller can name the shape
             check = _check_one(job, loaded, shape, seed, dtype, tol, ops, result)
             result.checks.append(check)
             report(result)
@@ -294,7 +296,7 @@ def _benchmark_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, peaks: devi
         measured = timing.measure(
             {name: (lambda i, m=model, n=name: m(*input_sets[n][i])) for name, model in subjects.items()},
             refresh, n_sets, device, budget_s=job.options.time_budget_s, min_samples=job.options.min_samples,
-            max_samples=job.options.max_samples,
+            max_samples=job.options.max_samples, suspects=("candidate",),
         )
         problem = _check_timed_outputs(pair, input_sets["candidate"], measured.last_outputs["candidate"],
                                        job.problem.tolerance.max_rel_error)
@@ -313,6 +315,7 @@ def _benchmark_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, peaks: devi
     entry.memory_floor_ms, entry.floor_ms = devices.floors(peaks, shape.flops, shape.bytes, job.problem.tolerance.allow_tf32)
     if entry.floor_ms and cand.median_ms > 0:
         entry.fraction_of_floor = entry.floor_ms / cand.median_ms
+    entry.message = measured.notes.get("candidate", "")
     if problem:
         entry.status, entry.message = Status.suspicious, problem
     elif entry.memory_floor_ms and cand.median_ms < entry.memory_floor_ms:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Status(str, Enum):
@@ -95,6 +95,7 @@ class CompileResult(PhaseResult):
 
 
 class Mismatch(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="strings")  # a NaN/Inf value must survive JSON (null is not a float)
     index: list[int]
     got: float
     expected: float
@@ -102,6 +103,8 @@ class Mismatch(BaseModel):
 
 class ShapeCheck(BaseModel):
     """One (shape, seed) comparison of the candidate against the float64 ground truth."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
 
     shape: str
     seed: int

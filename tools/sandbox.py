@@ -56,7 +56,7 @@ def available_isolation(preference: str = "auto") -> Isolation:
 
 
 def _bubblewrap_argv(writable: list[Path], hidden: list[Path]) -> list[str]:
-    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
     for node in sorted(glob.glob("/dev/nvidia*")):
         argv += ["--dev-bind", node, node]
@@ -124,7 +124,8 @@ class _MessageReader(threading.Thread):
 def worker_environment(extra: dict[str, str], job_dir: Path) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
     env.update(
-        HOME=str(job_dir), TMPDIR=str(job_dir / "tmp"), PYTHONPATH=str(PROJECT_ROOT), PYTHONDONTWRITEBYTECODE="1",
+        HOME=str(job_dir), TMPDIR=str(job_dir / "tmp"), PYTHONDONTWRITEBYTECODE="1",
+        PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]),
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)
@@ -140,11 +141,12 @@ def run_worker(
     timeout_s: float,
     settings: Settings,
     on_message: Callable[[bytes], None],
+    module: str = "tools.worker",
 ) -> SandboxReport:
-    """Start `python -m tools.worker` isolated, feed it the job, wait at most `timeout_s`.
+    """Start `python -m tools.worker` (or another worker `module`) isolated, feed it the job, wait at most `timeout_s`.
 
-    `writable` are the only paths it may write besides its private /tmp (under bubblewrap); the
-    service's data folder is hidden from it. Returns how the process ended; messages went to `on_message`.
+    `writable` and the job folder (its HOME and TMPDIR) are the only paths it may write (under
+    bubblewrap); the service's data folder is hidden from it. Returns how the process ended; messages went to `on_message`.
     """
     isolation = available_isolation(settings.isolation)
     (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -154,7 +156,7 @@ def run_worker(
     elif isolation == "unshare":
         prefix = ["unshare", "-n", "--"]
     result_read, result_write = os.pipe()
-    argv = prefix + [sys.executable, "-m", "tools.worker", str(result_write)]
+    argv = prefix + [sys.executable, "-m", module, str(result_write)]
     started = time.monotonic()
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=job_dir, env=env,
@@ -183,6 +185,8 @@ def run_worker(
     for thread in (*readers, messages):
         thread.join(timeout=10)
     code = proc.returncode
+    if isolation == "bubblewrap" and code is not None and code > 128 and code - 128 in signal.valid_signals():
+        code = 128 - code  # bwrap reports its child's death by signal N as exit status 128+N
     return SandboxReport(
         isolation=isolation,
         wall_seconds=round(time.monotonic() - started, 3),

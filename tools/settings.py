@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -28,6 +28,36 @@ class Settings(BaseSettings):
     benchmark_timeout_s: float = 900.0
     output_cap_bytes: int = Field(64 * 1024, description="stdout/stderr kept per worker (head and tail)")
     log_cap_bytes: int = Field(256 * 1024, description="build log kept per compile result")
+    worker_gpus: str | None = Field(
+        None, description="CUDA_VISIBLE_DEVICES for sandboxed workers ('' hides every GPU); None: inherit"
+    )
+
+    # ---- the service (server/, storage/) ----
+    database_url: str | None = Field(
+        None, description="any SQLAlchemy URL; default: SQLite file kernelloop.sqlite3 inside data_dir"
+    )
+    problems_dir: Path = Field(
+        Path(".kernelloop-problems"),
+        description="problems registered over HTTP; outside data_dir because sandboxed workers import them",
+    )
+    api_token: SecretStr | None = Field(
+        None, description="bearer token for every state-changing call; without one the service is loopback-only"
+    )
+    host: str = Field("127.0.0.1", description="address `kernelloop serve` listens on")
+    port: int = Field(8000, ge=1, le=65535)
+    cpu_workers: int | None = Field(None, ge=1, description="parallel CPU jobs (builds, cpu backend); default: cores")
+    gpus: str | None = Field(None, description="GPU indices given a job lane, e.g. '0,1'; default: every visible GPU")
+    max_code_bytes: int = Field(1 << 20, description="largest submitted source, UTF-8 bytes")
+    max_problem_bytes: int = Field(256 << 10, description="largest registered problem file, UTF-8 bytes")
+    max_body_bytes: int = Field(4 << 20, description="largest request body")
+    rate_limit_per_minute: int = Field(120, ge=0, description="state-changing requests per client per minute; 0: off")
+    max_wait_s: float = Field(600.0, gt=0, description="longest a waiting tool call blocks before answering 202")
+    max_job_interruptions: int = Field(3, ge=1, description="restarts a job survives before it is marked failed")
+    problem_check_timeout_s: float = Field(120.0, gt=0, description="sandboxed check of a registered problem")
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'kernelloop.sqlite3'}"
 
     @property
     def cache_dir(self) -> Path:

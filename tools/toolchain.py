@@ -52,6 +52,8 @@ def gpu_arch() -> str | None:
 def build_environment(settings: Settings) -> dict[str, str]:
     """Variables that make load_inline builds work inside the sandbox, GPU or not."""
     env = {"TORCH_CUDA_ARCH_LIST": gpu_arch() or settings.cuda_arch_list}
+    if settings.worker_gpus is not None:  # the service pins each job to its lane's GPU (or hides them all)
+        env["CUDA_VISIBLE_DEVICES"] = settings.worker_gpus
     home = cuda_home()
     if home:
         env["CUDA_HOME"] = home

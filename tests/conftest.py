@@ -1,0 +1,166 @@
+"""Shared fixtures for the evaluation-core tests.
+
+One C++ helper extension is built once per session, in the test process, with every misbehaviour a
+test needs (a correct causal conv1d, an off-by-one one, NaN, segfault, hang, input mutation, an
+unwritten torch::empty). Candidates are small Python files that import that built module by path:
+"anything importable" is a valid candidate, and the sandbox's read-only view of / can read it. A
+build costs 15-25 s on a 2-core machine, so one build serves every status test.
+
+Everything a session writes lives in one folder outside /tmp (the sandbox may give workers a private
+/tmp) and is removed at the end; its `data` folder is the tools' data dir, so the build cache starts
+empty and the sandbox's hiding of the data dir is exercised on a real path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tools.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+SUBMISSIONS = Path(__file__).resolve().parent / "submissions"
+HELPER_NAME = "kernelloop_test_helpers"
+
+# Every function takes (x, w, bias or None, dilation) like the reference's causal conv1d and returns y.
+HELPER_SOURCE = r"""
+#include <torch/extension.h>
+#include <cmath>
+#include <limits>
+
+namespace {
+enum class Flaw { none, off_by_one, nan, segfault_with_bias, hang, mutate, unwritten };
+
+torch::Tensor conv(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t dilation, Flaw flaw) {
+    TORCH_CHECK(x.dim() == 3 && w.dim() == 3, "x must be (B, Cin, L) and w (Cout, Cin, K)");
+    x = x.contiguous();
+    w = w.contiguous();
+    const int64_t B = x.size(0), Cin = x.size(1), L = x.size(2), Cout = w.size(0), K = w.size(2);
+    auto y = torch::empty({B, Cout, L}, x.options());
+    if (flaw == Flaw::unwritten) return y;  // whatever the allocator hands back
+    if (flaw == Flaw::segfault_with_bias && bias.has_value()) {
+        volatile float* null_pointer = nullptr;
+        *null_pointer = 1.0f;
+    }
+    if (flaw == Flaw::hang) {
+        volatile bool forever = true;
+        while (forever) {}
+    }
+    const float* xp = x.data_ptr<float>();
+    const float* wp = w.data_ptr<float>();
+    torch::Tensor b = bias.has_value() ? bias->contiguous() : torch::Tensor();
+    const float* bp = bias.has_value() ? b.data_ptr<float>() : nullptr;
+    float* yp = y.data_ptr<float>();
+    const int64_t pad = (K - 1) * dilation;
+    for (int64_t n = 0; n < B; ++n)
+        for (int64_t o = 0; o < Cout; ++o)
+            for (int64_t t = 0; t < L; ++t) {
+                float acc = bp ? bp[o] : 0.0f;
+                for (int64_t c = 0; c < Cin; ++c)
+                    for (int64_t k = 0; k < K; ++k) {
+                        const int64_t pos = t + k * dilation - pad;
+                        // the off-by-one flaw drops the first input sample: pos > 0 instead of pos >= 0
+                        if (flaw == Flaw::off_by_one ? pos > 0 : pos >= 0)
+                            acc += wp[(o * Cin + c) * K + k] * xp[(n * Cin + c) * L + pos];
+                    }
+                yp[(n * Cout + o) * L + t] = acc;
+            }
+    if (flaw == Flaw::nan) {  // exactly one NaN and one Inf, at known places
+        yp[5] = std::numeric_limits<float>::quiet_NaN();
+        yp[y.numel() - 1] = std::numeric_limits<float>::infinity();
+    }
+    if (flaw == Flaw::mutate) {  // the answer is right, but one input element was overwritten
+        x.data_ptr<float>()[0] += 1.0f;
+    }
+    return y;
+}
+}  // namespace
+
+#define VARIANT(fn, flaw) \
+    torch::Tensor fn(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t dilation) { \
+        return conv(x, w, bias, dilation, flaw); }
+
+VARIANT(conv_correct, Flaw::none)
+VARIANT(conv_off_by_one, Flaw::off_by_one)
+VARIANT(conv_nan, Flaw::nan)
+VARIANT(conv_segfault_with_bias, Flaw::segfault_with_bias)
+VARIANT(conv_hang, Flaw::hang)
+VARIANT(conv_mutate_input, Flaw::mutate)
+VARIANT(conv_unwritten, Flaw::unwritten)
+"""
+HELPER_FUNCTIONS = ["conv_correct", "conv_off_by_one", "conv_nan", "conv_segfault_with_bias", "conv_hang",
+                    "conv_mutate_input", "conv_unwritten"]
+
+
+@dataclass
+class Session:
+    root: Path
+    settings: Settings
+    helper_dir: Path
+
+    def helper_candidate(self, function: str, *, prelude: str = "", forward_prelude: str = "") -> str:
+        """A candidate whose forward calls one helper function. `prelude` runs at import, `forward_prelude`
+        at the start of every forward (both dedented Python)."""
+        assert function in HELPER_FUNCTIONS, function
+        prelude = textwrap.indent(textwrap.dedent(prelude), "")
+        forward_prelude = textwrap.indent(textwrap.dedent(forward_prelude), " " * 8)
+        return HELPER_TEMPLATE.format(helper_dir=str(self.helper_dir), name=HELPER_NAME, function=function,
+                                      prelude=prelude, forward_prelude=forward_prelude)
+
+
+HELPER_TEMPLATE = '''\
+import sys
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, {helper_dir!r})
+import {name} as helpers
+
+{prelude}
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
+        super().__init__()
+        self.dilation = dilation
+        self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size))
+        self.bias = nn.Parameter(torch.randn(out_channels)) if bias else None
+
+    def forward(self, x):
+{forward_prelude}
+        return helpers.{function}(x, self.weight, self.bias, self.dilation)
+'''
+
+
+def _session_root() -> Path:
+    """Outside /tmp where possible: a sandbox may give the worker its own /tmp."""
+    for parent in ("/var/tmp", None):
+        if parent is None or (os.path.isdir(parent) and os.access(parent, os.W_OK)):
+            return Path(tempfile.mkdtemp(prefix="kernelloop-tests-", dir=parent)).resolve()
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def session_root():
+    root = _session_root()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kl(session_root: Path) -> Session:
+    """The session: a fresh data dir (empty build cache) and the built helper extension."""
+    from torch.utils.cpp_extension import load_inline
+
+    helper_dir = session_root / "helper"
+    helper_dir.mkdir()
+    load_inline(name=HELPER_NAME, cpp_sources=HELPER_SOURCE, functions=HELPER_FUNCTIONS,
+                extra_cflags=["-O2"], build_directory=str(helper_dir), verbose=False)
+    assert (helper_dir / f"{HELPER_NAME}.so").is_file()
+    return Session(root=session_root, settings=Settings(data_dir=session_root / "data"), helper_dir=helper_dir)
