@@ -197,8 +197,7 @@ def _check_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, seed: int, dtyp
     inputs = candidate.make_inputs(loaded.problem_module, shape, dtype, device, seed)
     with torch.no_grad():
         first_inputs = candidate.clone_inputs(inputs)
-        with torch.no_grad():
-            reference_out = pair.reference(*candidate.clone_inputs(inputs))
+        reference_out = pair.reference(*candidate.clone_inputs(inputs))  # only to size the poison
         expected = checking.flatten_outputs(reference_out) or []
         shapes_only = [torch.empty_like(t) for t in expected]
         del reference_out, expected

@@ -61,8 +61,10 @@ def _bubblewrap_argv(writable: list[Path], hidden: list[Path]) -> list[str]:
     for node in sorted(glob.glob("/dev/nvidia*")):
         argv += ["--dev-bind", node, node]
     for path in hidden:
-        if path.exists():
+        if path.is_dir():
             argv += ["--tmpfs", str(path)]
+        elif path.exists():
+            argv += ["--ro-bind", "/dev/null", str(path)]
     for path in writable:
         argv += ["--bind", str(path), str(path)]
     return argv + ["--"]
@@ -152,7 +154,8 @@ def run_worker(
     (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
     prefix: list[str] = []
     if isolation == "bubblewrap":
-        prefix = _bubblewrap_argv([job_dir, *writable], hidden=[settings.data_dir.resolve()])
+        hidden = [settings.data_dir.resolve(), Path(".env").resolve(), *settings.sandbox_hidden_paths]
+        prefix = _bubblewrap_argv([job_dir, *writable], hidden=hidden)
     elif isolation == "unshare":
         prefix = ["unshare", "-n", "--"]
     result_read, result_write = os.pipe()

@@ -20,6 +20,9 @@ class Settings(BaseSettings):
     isolation: Literal["auto", "bubblewrap", "unshare", "none"] = Field(
         "auto", description="sandbox for submitted code; auto takes the strongest the host allows"
     )
+    sandbox_hidden_paths: list[Path] = Field(
+        [], description="more files or folders submitted code must not see (the data folder and .env always are)"
+    )
     cuda_arch_list: str = Field(
         "9.0", description="TORCH_CUDA_ARCH_LIST for builds on a machine without a GPU (on a GPU: read off the device)"
     )
