@@ -1,7 +1,7 @@
 """Inside the worker: honest timings of several callables, interleaved, on the GPU or the CPU.
 
 On the GPU each sample is: refresh that subject's input set in place, flush L2 (a write of twice its
-size), record a start event, call, record an end event on the current stream, synchronize the whole
+size), queue a short spin so the host can launch ahead as it would in a real loop, record a start event, call, record an end event on the current stream, synchronize the whole
 device, record a second end event. The first interval is the stream's time, as triton's do_bench
 measures it. The second also holds work the call left on other streams (and host time after its
 launches); its fixed cost, host wake-up plus one event record, is measured on an empty call and
@@ -25,6 +25,8 @@ from tools.results import Timing
 
 Subject = Callable[[int], Any]  # called with the index of the input set to use; returns the output
 
+
+SLEEP_CYCLES = 1_000_000  # about 0.5 ms at Hopper's clocks
 
 # A call whose device-wide time exceeds its stream time by both margins did work the stream missed.
 ESCAPE_RATIO, ESCAPE_MS = 1.10, 0.02
@@ -56,6 +58,10 @@ class _GpuClock:
     def time(self, call: Callable[[], Any]) -> tuple[float, float]:
         """(stream time, device-wide time) of one call, in ms."""
         self.flush_buffer.zero_()
+        if hasattr(torch.cuda, "_sleep"):
+            # Keep the GPU busy while the host prepares the call, as back-to-back launches would: without
+            # it, host-side setup (cuDNN's runs to 0.1 ms) shows up as idle time inside the interval.
+            torch.cuda._sleep(SLEEP_CYCLES)
         start, end, end_all = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         start.record()
         self.last = call()
