@@ -26,15 +26,34 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.environ.get("OUT", "/tmp")
 REPS = int(os.environ.get("REPS", "40"))
 
+SMOKE = """
+import importlib.util as u, sys, torch, torch.nn.functional as F
+s = u.spec_from_file_location('m', sys.argv[1]); m = u.module_from_spec(s); s.loader.exec_module(m)
+for (B, Ci, Co, K, D, L, bias) in [(2, 37, 53, 5, 3, 1004, True), (2, 64, 128, 3, 1, 4096, False), (1, 256, 256, 4, 1, 2048, True)]:
+    n = m.ModelNew(Ci, Co, K, D, bias).cuda(); x = torch.randn(B, Ci, L, device='cuda')
+    y = n(x); torch.cuda.synchronize()
+    t = F.conv1d(F.pad(x.double(), ((K - 1) * D, 0)), n.weight.double(), n.bias.double() if bias else None, dilation=D)
+    e = ((y.double() - t).abs().max() / t.abs().max()).item()
+    assert e < 2e-3, (B, Ci, Co, K, D, L, e)
+print('smoke ok')
+"""
+
 DEFAULT_VARIANTS = [
-    ["mma_a", "tf32_implicit_gemm.py", {}],
-    ["mma_b", "tf32_implicit_gemm.py", {"BN": 128, "TM": 256, "WM": 4, "WN": 2, "STAGES": 3}],
-    ["mma_c", "tf32_implicit_gemm.py", {"BN": 256, "TM": 128, "WM": 2, "WN": 4, "STAGES": 3}],
-    ["wg_a", "tf32_wgmma.py", {}],
-    ["wg_b", "tf32_wgmma.py", {"BN": 256, "NWG": 2, "MT": 1, "STAGES": 3}],
-    ["wg_c", "tf32_wgmma.py", {"BN": 128, "NWG": 2, "MT": 1, "BC": 32, "STAGES": 4, "G": 2}],
-    ["wg_d", "tf32_wgmma.py", {"STAGES": 6}],
-    ["wg_trunc", "tf32_wgmma.py", {"ROUND_X": 0}],
+    ["final", "tf32_wgmma.py", {}],
+    ["final_r0", "tf32_wgmma.py", {"ROUND_X": 0}],
+    ["final_bc16", "tf32_wgmma.py", {"BC": 16, "STAGES": 8}],
+    ["final_mt1", "tf32_wgmma.py", {"MT": 1}],
+    ["final_g4", "tf32_wgmma.py", {"G": 4}],
+    ["final_b256", "tf32_wgmma.py", {"BN": 256, "MT": 1, "BC": 16}],
+    ["mma", "tf32_implicit_gemm.py", {}],
+    ["strict", "fp32_strict.py", {}],
+    ["small", "small_shapes.py", {}],
+]
+SMALL_BENCH = [  # B, Cin, Cout, K, d, L: small problems, timed for the small-shapes template
+    (1, 256, 256, 4, 1, 2048),
+    (1, 64, 64, 3, 2, 4096),
+    (4, 64, 128, 3, 1, 4096),
+    (8, 128, 128, 3, 1, 2048),
 ]
 
 BENCH = [  # B, Cin, Cout, K, d, L
@@ -113,6 +132,22 @@ def main():
             print(f"BUILD FAIL {lab}:\n" + out.decode()[-3000:], flush=True)
     print(f"parallel build of {len(procs)} variants: {time.time() - t:.1f} s", flush=True)
 
+    # smoke test each variant in its own process (a hang or a fault must not take the run down)
+    t = time.time()
+    procs = {lab: subprocess.Popen([sys.executable, "-c", SMOKE, p], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for lab, (p, _) in paths.items() if build_ok[lab]}
+    for lab, pr in procs.items():
+        try:
+            out, _ = pr.communicate(timeout=max(5, 120 - (time.time() - t)))
+            if pr.returncode != 0:
+                build_ok[lab] = False
+                print(f"SMOKE FAIL {lab}:\n" + out.decode()[-1500:], flush=True)
+        except subprocess.TimeoutExpired:
+            pr.kill(); pr.communicate()
+            build_ok[lab] = False
+            print(f"SMOKE HANG {lab}", flush=True)
+    print(f"smoke tests: {time.time() - t:.1f} s", flush=True)
+
     mods = {}
     for lab, (p, params) in paths.items():
         if not build_ok[lab]:
@@ -154,7 +189,7 @@ def main():
                     y = new(x)
                     torch.cuda.synchronize()
                 e = relerr(y, truth)
-                if not math.isfinite(e) or e > 2e-3:
+                if not math.isfinite(e) or e > (1e-5 if lab.startswith("strict") else 2e-3):
                     bad.add(lab)
                 row[lab] = e
             except Exception as ex:
@@ -196,7 +231,10 @@ def main():
             t_ref = bench(lambda: ref(x))
             e_ref = relerr(ref(x), truth)
             t_ref2 = bench(lambda: ref(x))
-            row = {"shape": [B, Ci, Co, K, D, L], "cudnn_ms": t_ref, "cudnn_ms_again": t_ref2, "cudnn_err": e_ref,
+            torch.backends.cudnn.allow_tf32 = False
+            t_ref32 = bench(lambda: ref(x))
+            torch.backends.cudnn.allow_tf32 = True
+            row = {"shape": [B, Ci, Co, K, D, L], "cudnn_ms": t_ref, "cudnn_ms_again": t_ref2, "cudnn_fp32_ms": t_ref32, "cudnn_err": e_ref,
                    "mem_floor_ms": byts / 4.8e12 * 1e3, "tf32_floor_ms": flop / 495e12 * 1e3, "v": {}}
             for lab, mod in mods.items():
                 try:
@@ -210,17 +248,49 @@ def main():
                 except Exception as ex:
                     row["v"][lab] = {"ms": float("nan"), "err": float("nan"), "fail": str(ex)[:300]}
         results["bench"].append(row)
-        print(f"bench {row['shape']} cudnn {t_ref:.3f}/{t_ref2:.3f} ms err {e_ref:.1e} | " +
+        print(f"bench {row['shape']} cudnn {t_ref:.3f}/{t_ref2:.3f} (fp32 {t_ref32:.3f}) ms err {e_ref:.1e} | " +
               " ".join(f"{lab} {v['ms']:.3f}" for lab, v in row["v"].items()), flush=True)
         del truth, x, ref
         torch.cuda.empty_cache()
 
+    results["small"] = []
+    for (B, Ci, Co, K, D, L) in SMALL_BENCH:
+        torch.manual_seed(2)
+        ref = Model(Ci, Co, K, D).to(dev)
+        x = torch.randn(B, Ci, L, device=dev)
+        with torch.no_grad():
+            row = {"shape": [B, Ci, Co, K, D, L], "cudnn_ms": bench(lambda: ref(x)), "v": {}}
+            for lab in [l for l in ("small", "final") if l in mods]:
+                new = mods[lab].ModelNew(Ci, Co, K, D).to(dev)
+                new.weight.copy_(ref.conv.weight)
+                row["v"][lab] = bench(lambda: new(x))
+        results["small"].append(row)
+        print(f"small {row['shape']} cudnn {row['cudnn_ms']*1e3:.1f} us | " +
+              " ".join(f"{k} {v*1e3:.1f} us ({row['cudnn_ms']/v:.2f}x)" for k, v in row["v"].items()), flush=True)
+
     json.dump(results, open(os.path.join(OUT, "results.json"), "w"), indent=1)
+
+    # optional ncu profiles: PROFILE="label:shape_index,label:shape_index"
+    for item in filter(None, os.environ.get("PROFILE", "").split(",")):
+        lab, si = item.split(":")
+        if lab not in mods:
+            continue
+        t = time.time()
+        cmd = ["ncu", "--clock-control", "none", "-k", "regex:cc1d_", "--launch-skip", "2", "--launch-count", "1",
+               "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", "--section", "ComputeWorkloadAnalysis",
+               "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "Occupancy",
+               sys.executable, os.path.abspath(__file__), "--profile-one", paths[lab][0], si]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            open(os.path.join(OUT, f"ncu_{lab}_{si}.txt"), "w").write(r.stdout[-60000:] + r.stderr[-5000:])
+            print(f"ncu {lab} shape {si}: rc {r.returncode}, {time.time() - t:.1f} s", flush=True)
+        except subprocess.TimeoutExpired:
+            print(f"ncu {lab} shape {si}: timeout", flush=True)
 
     # ---------------- tables
     labs = list(mods)
     print("\nmax rel err (correctness shapes); FAIL = over 2e-3 or error:", sorted(bad) or "none")
-    print("\n| shape B,Ci,Co,K,d,L | cuDNN ms | " + " | ".join(labs) + " | best | best ms | x cuDNN | err |")
+    print("\n| shape B,Ci,Co,K,d,L | cuDNN ms | cuDNN fp32 ms | " + " | ".join(labs) + " | best (TF32) | best ms | x cuDNN | err |")
     geo = {lab: [] for lab in labs}
     best_sp = []
     for r in results["bench"]:
@@ -231,8 +301,8 @@ def main():
             ms = v.get("ms", float("nan"))
             sp = r["cudnn_ms"] / ms if ms == ms and ms > 0 else float("nan")
             geo[lab].append(sp)
-            cells.append(f"{ms:.3f} ({sp:.2f}x)")
-            if lab not in bad and ms == ms and (best is None or ms < r["v"][best]["ms"]):
+            cells.append(f"{ms:.3f} ({sp:.2f}x, {v.get('err', float('nan')):.0e})")
+            if lab not in bad and not lab.startswith("strict") and ms == ms and (best is None or ms < r["v"][best]["ms"]):
                 best = lab
         if best:
             sp = r["cudnn_ms"] / r["v"][best]["ms"]
@@ -240,10 +310,24 @@ def main():
             tail = f"{best} | {r['v'][best]['ms']:.3f} | {sp:.2f} | {r['v'][best]['err']:.1e}"
         else:
             tail = "- | - | - | -"
-        print(f"| {','.join(map(str, r['shape']))} | {r['cudnn_ms']:.3f} | " + " | ".join(cells) + f" | {tail} |")
+        print(f"| {','.join(map(str, r['shape']))} | {r['cudnn_ms']:.3f} | {r['cudnn_fp32_ms']:.3f} | " + " | ".join(cells) + f" | {tail} |")
     gm = lambda xs: math.exp(sum(math.log(s) for s in xs) / len(xs)) if xs and all(s == s and s > 0 for s in xs) else float("nan")
-    print("| geomean x cuDNN | | " + " | ".join(f"{gm(geo[lab]):.2f}" for lab in labs) + f" | best-per-shape {gm(best_sp):.2f} | | | |")
+    print("| geomean x cuDNN | | | " + " | ".join(f"{gm(geo[lab]):.2f}" for lab in labs) + f" | best-per-shape {gm(best_sp):.2f} | | | |")
+
+
+def profile_one(path, si):
+    mod = import_path(path, "prof")
+    B, Ci, Co, K, D, L = BENCH[int(si)]
+    new = mod.ModelNew(Ci, Co, K, D).cuda()
+    x = torch.randn(B, Ci, L, device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            new(x)
+    torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--profile-one":
+        profile_one(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -1,0 +1,835 @@
+"""[v3 record, run 3: SLOWER than v2 (geomean 2.24x vs 2.63x cuDNN); kept for the notes]  Causal conv1d
+(NCW, float32) as an implicit GEMM on Hopper wgmma (TF32, sm_90a), v3 pipeline: flat group loop + decoupled warpgroups.
+
+Same skeleton as tf32_implicit_gemm.py (persistent grid, cp.async ring across tiles, one NCW input
+tile per chunk reused for all taps, predicated zero-fill for causal padding, weights re-laid once
+into shared-memory images), but the math is wgmma.mma_async m64nNk8 tf32 issued per warpgroup:
+  A (64 times x 8 channels) comes from registers, loaded with LDS.32 from the NCW tile at the tap's
+  column offset (stride = 8 mod 32 floats: conflict-free), rounded with cvt.rna;
+  B (8 channels x N couts) comes from shared memory as a K-major no-swizzle operand
+  (core matrix = 8 couts x 4 channels, 16 B rows; LBO = N*16 B between the two 4-channel halves,
+  SBO = 128 B between 8-cout groups), i.e. the weight image [tap][k8-step][half][cout][4].
+A-fragments are double-buffered by groups of G k8-steps: group g+1's LDS overlaps group g's wgmma.
+"""
+import hashlib
+import math
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PARAMS = {"BN": 128, "NWG": 2, "MT": 2, "BC": 32, "STAGES": 4, "G": 2, "MINB": 1, "ROUND_X": 2, "WRES": 1, "TMA": 1, "DEC_OK": 1}
+PARAM_SPACE = {
+    "BN": [64, 128, 256],        # couts per block tile = wgmma N (a BN/2 instantiation is also built)
+    "NWG": [1, 2],               # consumer warpgroups per block (all threads also load)
+    "MT": [1, 2],                # m64 subtiles per warpgroup: block tile time TM = 64*NWG*MT
+    "BC": [8, 16, 32],           # input channels per pipeline stage
+    "STAGES": [2, 3, 4, 5, 6],   # cp.async ring depth
+    "G": [1, 2, 4],              # k8-steps per wgmma commit group (must divide BC/8)
+    "MINB": [1, 2],              # __launch_bounds__ min blocks per SM
+    "ROUND_X": [0, 1, 2],        # input to tf32: 0 truncation (by the tensor core), 1 cvt.rna, 2 +0x1000 (one IADD)
+    "WRES": [0, 1],              # 1: allow the weight-resident path when Cout fits one tile
+    "TMA": [0, 1],               # 1: v3 pipeline (bulk copies + mbarriers + producer warps) when aligned
+    "DEC_OK": [0, 1],            # 1: decoupled warpgroups (own ring + tiles) when the weight is resident
+}
+
+CUDA_SRC = r"""
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define NT (NWG * 128)
+#define TM (64 * NWG * MT)
+//@WGMMA_FUNCS@
+
+struct ConvParams {
+  const float* x; const float* wp; const float* bias; float* y;
+  int B, Cin, Cout, L, KT, dil, halo;
+  int XW, XS;            // staged input row: XW useful floats (multiple of 4), XS row stride
+  int nCT, nTT, nch, ntiles;
+  int wstage;            // floats of weight image per chunk = KT*BC*BNT
+  int nst;               // v2: ring stages actually used (<= STAGES, as many as fit)
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(uint32_t s, const void* g, int n) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(n));
+}
+__device__ __forceinline__ void cp_async4(uint32_t s, const void* g, int n) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(s), "l"(g), "r"(n));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+__device__ __forceinline__ uint32_t to_tf32(float f) {
+#if ROUND_X == 2
+  return __float_as_uint(f) + 0x1000u;   // the tensor core drops the low 13 bits: round half away from zero
+#elif ROUND_X
+  uint32_t r; asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(f)); return r;
+#else
+  return __float_as_uint(f);
+#endif
+}
+
+
+// ---- mbarrier / bulk-copy helpers (v2 pipeline)
+__device__ __forceinline__ void mbar_init(uint32_t a, int n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(a), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t a, uint32_t tx) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(a), "r"(tx) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t a) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity) {
+  asm volatile("{\n"
+               ".reg .pred P1;\n"
+               "LAB_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               "@P1 bra DONE;\n"
+               "bra LAB_WAIT;\n"
+               "DONE:\n"
+               "}\n" :: "r"(a), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t mbar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(mbar) : "memory");
+}
+
+struct TileCoord { int b, t0, n0, ts, off; };
+__device__ __forceinline__ TileCoord tile_coord(const ConvParams& p, int tile, int TMv, int BNv) {
+  TileCoord c;
+  int ct = tile % p.nCT; int r = tile / p.nCT;
+  int tt = r % p.nTT; c.b = r / p.nTT;
+  c.t0 = tt * TMv; c.n0 = ct * BNv;
+  int tstart = c.t0 - p.halo;
+  c.ts = tstart & ~3;            // floor to a multiple of 4 (two's complement)
+  c.off = tstart - c.ts;
+  return c;
+}
+
+// One pipeline stage: the input chunk [BC channels][XW times from ts] (+ the weight chunk unless resident).
+template <int BNT, bool VEC, bool WRESv>
+__device__ __forceinline__ void load_stage(const ConvParams& p, float* xs, float* ws, const TileCoord& tc, int ch, int tid) {
+  const int c0 = ch * BC;
+  const float* xb = p.x + ((size_t)tc.b * p.Cin + c0) * (size_t)p.L;
+  if (VEC) {
+    const int NV = p.XW >> 2;
+    const int total = BC * NV;
+    int r = tid / NV, v = tid - r * NV;
+    const int dr = NT / NV, dv = NT - dr * NV;
+    for (int i = tid; i < total; i += NT) {
+      const int t = tc.ts + 4 * v;
+      const bool ok = (c0 + r < p.Cin) && (t >= 0) && (t < p.L);
+      const float* g = ok ? (xb + (size_t)r * p.L + t) : p.x;
+      cp_async16(smem_u32(xs + r * p.XS + 4 * v), g, ok ? 16 : 0);
+      v += dv; r += dr; if (v >= NV) { v -= NV; ++r; }
+    }
+  } else {
+    const int NV = p.XW;
+    const int total = BC * NV;
+    int r = tid / NV, v = tid - r * NV;
+    const int dr = NT / NV, dv = NT - dr * NV;
+    for (int i = tid; i < total; i += NT) {
+      const int t = tc.ts + v;
+      const bool ok = (c0 + r < p.Cin) && (t >= 0) && (t < p.L);
+      const float* g = ok ? (xb + (size_t)r * p.L + t) : p.x;
+      cp_async4(smem_u32(xs + r * p.XS + v), g, ok ? 4 : 0);
+      v += dv; r += dr; if (v >= NV) { v -= NV; ++r; }
+    }
+  }
+  if (!WRESv) {
+    const int ct = tc.n0 / BNT;
+    const float* wsrc = p.wp + ((size_t)ct * p.nch + ch) * (size_t)p.wstage;
+    const int nv = p.wstage >> 2;
+    for (int i = tid; i < nv; i += NT) cp_async16(smem_u32(ws + 4 * i), wsrc + 4 * i, 16);
+  }
+}
+
+template <int BNT, bool VEC, bool WRESv>
+__global__ void __launch_bounds__(NT, MINB) cc1d_mma_kernel(const ConvParams p) {
+  constexpr int NQ = BC / 8, ND = BNT / 2;
+  static_assert(NQ % G == 0, "G must divide BC/8");
+  static_assert(BNT % 8 == 0 && BNT <= 256, "wgmma N");
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int wrow = (warp >> 2) * (MT * 64) + (warp & 3) * 16;   // this warp's first time row
+
+  const int xstage = BC * p.XS;
+  const int stage_f = xstage + (WRESv ? 0 : p.wstage);
+  float* wres = smem + STAGES * stage_f;
+
+  const int my_tiles = (p.ntiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+  if (my_tiles <= 0) return;
+  const int total = my_tiles * p.nch;
+
+  if (WRESv) {
+    const int nv = (p.nch * p.wstage) >> 2;
+    for (int i = tid; i < nv; i += NT) cp_async16(smem_u32(wres + 4 * i), p.wp + 4 * i, 16);
+  }
+  int ld_it = 0, ld_tile = blockIdx.x, ld_ch = 0, ld_slot = 0;
+  TileCoord ld_tc = tile_coord(p, ld_tile, TM, BNT);
+#pragma unroll 1
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (ld_it < total) {
+      float* xs = smem + ld_slot * stage_f;
+      load_stage<BNT, VEC, WRESv>(p, xs, xs + xstage, ld_tc, ld_ch, tid);
+      ++ld_it; ++ld_slot; if (++ld_ch == p.nch) { ld_ch = 0; ld_tile += gridDim.x; ld_tc = tile_coord(p, ld_tile, TM, BNT); }
+    }
+    cp_commit();
+  }
+
+  float acc[MT][ND];
+  int cur_tile = blockIdx.x, ch = 0, slot = 0;
+  TileCoord tc = tile_coord(p, cur_tile, TM, BNT);
+  // descriptor constant part: LBO = BNT*16 bytes (K-direction core matrices), SBO = 128 bytes (8-cout groups)
+  const uint64_t desc_hi = (uint64_t)(128 >> 4) << 32;
+  const uint32_t lbo_field = (uint32_t)((BNT * 16) >> 4) << 16;
+  const int ngrp = p.KT * (NQ / G);
+  const int XS4 = 4 * p.XS, XS8 = 8 * p.XS;
+
+#pragma unroll 1
+  for (int it = 0; it < total; ++it) {
+    cp_wait<STAGES - 2>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (ld_it < total) {
+      if (ld_slot == STAGES) ld_slot = 0;
+      float* xs = smem + ld_slot * stage_f;
+      load_stage<BNT, VEC, WRESv>(p, xs, xs + xstage, ld_tc, ld_ch, tid);
+      ++ld_it; ++ld_slot; if (++ld_ch == p.nch) { ld_ch = 0; ld_tile += gridDim.x; ld_tc = tile_coord(p, ld_tile, TM, BNT); }
+    }
+    cp_commit();
+
+    if (ch == 0) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < ND; ++j) acc[i][j] = 0.f;
+    }
+
+    const float* xs = smem + slot * stage_f;
+    const float* ws = WRESv ? (wres + (size_t)ch * p.wstage) : (xs + xstage);
+    const float* xa0 = xs + tq * p.XS + tc.off + wrow + g;
+    const uint32_t wbase = smem_u32(ws);
+
+    uint32_t af[2][G][MT][4];
+    // load A fragments of group gi into buffer hb
+#define LOAD_A(hb, gi)                                                              \
+    {                                                                               \
+      const int s0_ = (gi) * G; const int j_ = s0_ / NQ; const int q0_ = s0_ - j_ * NQ; \
+      const float* xj_ = xa0 + j_ * p.dil + q0_ * XS8;                               \
+      _Pragma("unroll") for (int gg = 0; gg < G; ++gg)                               \
+      _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                            \
+        const float* xq_ = xj_ + gg * XS8 + mt * 64;                                 \
+        af[hb][gg][mt][0] = to_tf32(xq_[0]);                                         \
+        af[hb][gg][mt][1] = to_tf32(xq_[8]);                                         \
+        af[hb][gg][mt][2] = to_tf32(xq_[XS4]);                                       \
+        af[hb][gg][mt][3] = to_tf32(xq_[XS4 + 8]);                                   \
+      }                                                                             \
+    }
+#define ISSUE(hb, gi)                                                               \
+    {                                                                               \
+      const int s0_ = (gi) * G;                                                     \
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");                     \
+      _Pragma("unroll") for (int gg = 0; gg < G; ++gg) {                            \
+        const uint32_t addr_ = wbase + (uint32_t)((s0_ + gg) * (2 * BNT * 16));     \
+        const uint64_t desc_ = desc_hi | (uint64_t)(lbo_field | ((addr_ >> 4) & 0x3FFF)); \
+        _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) wgmma_tf32<BNT>(acc[mt], af[hb][gg][mt], desc_); \
+      }                                                                             \
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");              \
+    }
+#define FENCE_A(hb)                                                                 \
+    _Pragma("unroll") for (int gg = 0; gg < G; ++gg)                                \
+    _Pragma("unroll") for (int mt = 0; mt < MT; ++mt)                               \
+    _Pragma("unroll") for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(af[hb][gg][mt][e]) :: "memory");
+
+    LOAD_A(0, 0)
+#pragma unroll 1
+    for (int gi = 0; gi < ngrp; gi += 2) {
+      ISSUE(0, gi)
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      FENCE_A(1)
+      if (gi + 1 < ngrp) {
+        LOAD_A(1, gi + 1)
+        ISSUE(1, gi + 1)
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        FENCE_A(0)
+        if (gi + 2 < ngrp) LOAD_A(0, gi + 2)
+      }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    FENCE_A(0)
+    FENCE_A(1)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < ND; ++j) asm volatile("" : "+f"(acc[mt][j]) :: "memory");
+#undef LOAD_A
+#undef ISSUE
+#undef FENCE_A
+
+    if (ch == p.nch - 1) {
+      float* yb = p.y + (size_t)tc.b * p.Cout * (size_t)p.L;
+#pragma unroll
+      for (int jn = 0; jn < BNT / 8; ++jn) {
+        const int n = tc.n0 + jn * 8 + 2 * tq;
+        const bool okn0 = n < p.Cout, okn1 = (n + 1) < p.Cout;
+        const float bv0 = (p.bias && okn0) ? __ldg(p.bias + n) : 0.f;
+        const float bv1 = (p.bias && okn1) ? __ldg(p.bias + n + 1) : 0.f;
+        float* y0 = yb + (size_t)n * p.L;
+        float* y1 = y0 + p.L;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const int m = tc.t0 + wrow + mt * 64 + g;
+          if (m < p.L) {
+            if (okn0) __stcs(y0 + m, acc[mt][4 * jn + 0] + bv0);
+            if (okn1) __stcs(y1 + m, acc[mt][4 * jn + 1] + bv1);
+          }
+          if (m + 8 < p.L) {
+            if (okn0) __stcs(y0 + m + 8, acc[mt][4 * jn + 2] + bv0);
+            if (okn1) __stcs(y1 + m + 8, acc[mt][4 * jn + 3] + bv1);
+          }
+        }
+      }
+      cur_tile += gridDim.x;
+      tc = tile_coord(p, cur_tile, TM, BNT);
+      ch = 0;
+    } else {
+      ++ch;
+    }
+    if (++slot == STAGES) slot = 0;
+  }
+  cp_wait<0>();
+}
+
+// v3: TMA bulk copies + mbarriers, producer warp(s), no block barrier in the main loop.
+// Consumers walk a flat sequence of wgmma groups (G k8-steps each) across chunks and tiles: a stage is
+// released one group after its last group was issued (wait_group 1 proves it complete), so there is no
+// drain at chunk boundaries, only at tile ends (the epilogue needs the accumulators).
+// DEC (decoupled): each consumer warpgroup has its own producer warp, ring and tile sequence (tiles of
+// 64*MT times); the warpgroups drift out of phase, so one's epilogue overlaps the other's math.  Used
+// with a resident weight (shared by both); otherwise both warpgroups share stages (tiles of TM times).
+template <int BNT, bool WRESv, bool DEC>
+__global__ void __launch_bounds__(NT + 128, 1) cc1d_tma_kernel(const ConvParams p) {
+  constexpr int NQ = BC / 8, ND = BNT / 2;
+  constexpr int TMX = DEC ? 64 * MT : TM;          // tile width in time handled by one ring
+  constexpr int NRING = DEC ? NWG : 1;
+  constexpr int CONS = DEC ? 4 : NWG * 4;          // consumer warps per ring
+  static_assert(NQ % G == 0, "G must divide BC/8");
+  static_assert(BC <= 32, "one producer lane per input row");
+  extern __shared__ float4 smem4[];
+  const uint32_t bar0 = smem_u32(smem4);
+#define FULLB(r, s) (bar0 + 8u * (uint32_t)((r) * 16 + (s)))
+#define EMPTYB(r, s) (bar0 + 8u * (uint32_t)(32 + (r) * 16 + (s)))
+#define WBAR (bar0 + 8u * 63u)
+  float* ring0 = reinterpret_cast<float*>(smem4) + 128;     // barriers take the first 512 bytes
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int xstage = BC * p.XS;
+  const int stage_f = xstage + (WRESv ? 0 : p.wstage);
+  float* wres = ring0 + NRING * p.nst * stage_f;
+  const int nvb = gridDim.x * NRING;
+
+  if (tid == 0) {
+    for (int r = 0; r < NRING; ++r)
+      for (int s = 0; s < p.nst; ++s) { mbar_init(FULLB(r, s), 1); mbar_init(EMPTYB(r, s), CONS); }
+    mbar_init(WBAR, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= NWG * 4) {
+    // ------------------------------ producer warpgroup: warp r serves ring r
+#if NWG >= 2
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+#endif
+    const int r = warp - NWG * 4;
+    if (r < NRING) {
+      if (WRESv && r == 0 && lane == 0) {
+        mbar_expect_tx(WBAR, (uint32_t)(p.nch * p.wstage * 4));
+        for (int c = 0; c < p.nch; ++c)
+          bulk_g2s(smem_u32(wres + (size_t)c * p.wstage), p.wp + (size_t)c * p.wstage, (uint32_t)(p.wstage * 4), WBAR);
+      }
+      const int vb = blockIdx.x * NRING + r;
+      const int my_tiles = (p.ntiles - vb + nvb - 1) / nvb;
+      const int total = my_tiles > 0 ? my_tiles * p.nch : 0;
+      float* ring = ring0 + r * p.nst * stage_f;
+      int tile = vb, ch = 0, slot = 0;
+      uint32_t use = 0;
+      TileCoord tc = tile_coord(p, tile, TMX, BNT);
+      const float4 z4 = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 1
+      for (int it = 0; it < total; ++it) {
+        if (it >= p.nst) mbar_wait(EMPTYB(r, slot), (use - 1) & 1);
+        float* xs = ring + slot * stage_f;
+        const int c0 = ch * BC;
+        int lo = 0, hi = 0;
+        bool valid = false;
+        if (lane < BC) {
+          lo = max(0, -tc.ts);
+          hi = min(p.XW, p.L - tc.ts);
+          valid = (c0 + lane < p.Cin) && (hi > lo);
+          float* row = xs + lane * p.XS;
+          if (!valid) {
+            for (int i = 0; i < p.XW; i += 4) *reinterpret_cast<float4*>(row + i) = z4;
+          } else {
+            for (int i = 0; i < lo; i += 4) *reinterpret_cast<float4*>(row + i) = z4;
+            for (int i = hi; i < p.XW; i += 4) *reinterpret_cast<float4*>(row + i) = z4;
+          }
+        }
+        uint32_t bytes = valid ? (uint32_t)(hi - lo) * 4u : 0u;
+        bytes = __reduce_add_sync(0xffffffffu, bytes);
+        if (!WRESv) bytes += (uint32_t)p.wstage * 4u;
+        __syncwarp();
+        if (lane == 0) mbar_expect_tx(FULLB(r, slot), bytes);
+        __syncwarp();
+        if (valid) {
+          const float* src = p.x + ((size_t)tc.b * p.Cin + c0 + lane) * (size_t)p.L + (tc.ts + lo);
+          bulk_g2s(smem_u32(xs + lane * p.XS + lo), src, (uint32_t)(hi - lo) * 4u, FULLB(r, slot));
+        }
+        if (!WRESv && lane == 0) {
+          const int ct = tc.n0 / BNT;
+          bulk_g2s(smem_u32(xs + xstage), p.wp + ((size_t)ct * p.nch + ch) * (size_t)p.wstage,
+                   (uint32_t)p.wstage * 4u, FULLB(r, slot));
+        }
+        if (++slot == p.nst) { slot = 0; ++use; }
+        if (++ch == p.nch) { ch = 0; tile += nvb; tc = tile_coord(p, tile, TMX, BNT); }
+      }
+    }
+  } else {
+    // ------------------------------ consumer warpgroups
+#if NWG >= 2
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+#endif
+    const int wg = warp >> 2;
+    const int r = DEC ? wg : 0;
+    const int g = lane >> 2, tq = lane & 3;
+    const int wrow = (DEC ? 0 : wg * (MT * 64)) + (warp & 3) * 16;
+    const int vb = blockIdx.x * NRING + r;
+    const int my_tiles = (p.ntiles - vb + nvb - 1) / nvb;
+    if (my_tiles > 0) {
+      float* ring = ring0 + r * p.nst * stage_f;
+      const uint64_t desc_hi = (uint64_t)(128 >> 4) << 32;
+      const uint32_t lbo_field = (uint32_t)((BNT * 16) >> 4) << 16;
+      const int ngrp = p.KT * (NQ / G);
+      const int XS4 = 4 * p.XS, XS8 = 8 * p.XS;
+      const long long total_groups = (long long)my_tiles * p.nch * ngrp;
+      float acc[MT][ND];
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < ND; ++j) acc[i][j] = 0.f;
+      int tile = vb, ch = 0, slot = 0, gi = 0, rel_slot = 0;
+      bool rel = false;
+      uint32_t use = 0;
+      TileCoord tc = tile_coord(p, tile, TMX, BNT);
+      if (WRESv) mbar_wait(WBAR, 0);
+      mbar_wait(FULLB(r, 0), 0);
+      const float* xa0 = ring + tq * p.XS + tc.off + wrow + g;
+      uint32_t wbase = smem_u32(WRESv ? wres : ring + xstage);
+      uint32_t af[2][G][MT][4];
+
+#define LOAD_A(hb, gi)                                                              \
+      {                                                                             \
+        const int s0_ = (gi) * G; const int j_ = s0_ / NQ; const int q0_ = s0_ - j_ * NQ; \
+        const float* xj_ = xa0 + j_ * p.dil + q0_ * XS8;                             \
+        _Pragma("unroll") for (int gg = 0; gg < G; ++gg)                             \
+        _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                          \
+          const float* xq_ = xj_ + gg * XS8 + mt * 64;                               \
+          af[hb][gg][mt][0] = to_tf32(xq_[0]);                                       \
+          af[hb][gg][mt][1] = to_tf32(xq_[8]);                                       \
+          af[hb][gg][mt][2] = to_tf32(xq_[XS4]);                                     \
+          af[hb][gg][mt][3] = to_tf32(xq_[XS4 + 8]);                                 \
+        }                                                                           \
+      }
+#define ISSUE(hb, gi)                                                               \
+      {                                                                             \
+        const int s0_ = (gi) * G;                                                   \
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");                   \
+        _Pragma("unroll") for (int gg = 0; gg < G; ++gg) {                          \
+          const uint32_t addr_ = wbase + (uint32_t)((s0_ + gg) * (2 * BNT * 16));   \
+          const uint64_t desc_ = desc_hi | (uint64_t)(lbo_field | ((addr_ >> 4) & 0x3FFF)); \
+          _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) wgmma_tf32<BNT>(acc[mt], af[hb][gg][mt], desc_); \
+        }                                                                           \
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");            \
+      }
+#define FENCE_A(hb)                                                                 \
+      _Pragma("unroll") for (int gg = 0; gg < G; ++gg)                              \
+      _Pragma("unroll") for (int mt = 0; mt < MT; ++mt)                             \
+      _Pragma("unroll") for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(af[hb][gg][mt][e]) :: "memory");
+
+#pragma unroll 1
+      for (long long q = 0; q < total_groups; q += 2) {
+#pragma unroll
+        for (int hb = 0; hb < 2; ++hb) {
+          if (q + hb < total_groups) {
+            LOAD_A(hb, gi)
+            ISSUE(hb, gi)
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            FENCE_A(hb ^ 1)
+            if (rel) {                       // the previous chunk's last group is now complete
+              __syncwarp();
+              if (lane == 0) mbar_arrive(EMPTYB(r, rel_slot));
+              rel = false;
+            }
+            if (++gi == ngrp) {
+              gi = 0;
+              const int done_slot = slot;
+              if (++slot == p.nst) { slot = 0; ++use; }
+              if (ch == p.nch - 1) {
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                FENCE_A(0)
+                FENCE_A(1)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                  for (int j = 0; j < ND; ++j) asm volatile("" : "+f"(acc[mt][j]) :: "memory");
+                __syncwarp();
+                if (lane == 0) mbar_arrive(EMPTYB(r, done_slot));
+                // epilogue: bias + direct stores (each warp store = 4 full 32-byte sectors)
+                float* yb = p.y + (size_t)tc.b * p.Cout * (size_t)p.L;
+#pragma unroll
+                for (int jn = 0; jn < BNT / 8; ++jn) {
+                  const int n = tc.n0 + jn * 8 + 2 * tq;
+                  const bool okn0 = n < p.Cout, okn1 = (n + 1) < p.Cout;
+                  const float bv0 = (p.bias && okn0) ? __ldg(p.bias + n) : 0.f;
+                  const float bv1 = (p.bias && okn1) ? __ldg(p.bias + n + 1) : 0.f;
+                  float* y0 = yb + (size_t)n * p.L;
+                  float* y1 = y0 + p.L;
+#pragma unroll
+                  for (int mt = 0; mt < MT; ++mt) {
+                    const int m = tc.t0 + wrow + mt * 64 + g;
+                    if (m < p.L) {
+                      if (okn0) __stcs(y0 + m, acc[mt][4 * jn + 0] + bv0);
+                      if (okn1) __stcs(y1 + m, acc[mt][4 * jn + 1] + bv1);
+                    }
+                    if (m + 8 < p.L) {
+                      if (okn0) __stcs(y0 + m + 8, acc[mt][4 * jn + 2] + bv0);
+                      if (okn1) __stcs(y1 + m + 8, acc[mt][4 * jn + 3] + bv1);
+                    }
+                    acc[mt][4 * jn + 0] = 0.f; acc[mt][4 * jn + 1] = 0.f;
+                    acc[mt][4 * jn + 2] = 0.f; acc[mt][4 * jn + 3] = 0.f;
+                  }
+                }
+                tile += nvb;
+                tc = tile_coord(p, tile, TMX, BNT);
+                ch = 0;
+              } else {
+                rel = true; rel_slot = done_slot;
+                ++ch;
+              }
+              if (q + hb + 1 < total_groups) {
+                mbar_wait(FULLB(r, slot), use & 1);
+                const float* xs = ring + slot * stage_f;
+                xa0 = xs + tq * p.XS + tc.off + wrow + g;
+                wbase = smem_u32(WRESv ? (wres + (size_t)ch * p.wstage) : (xs + xstage));
+              }
+            }
+          }
+        }
+      }
+#undef LOAD_A
+#undef ISSUE
+#undef FENCE_A
+    }
+  }
+#undef FULLB
+#undef EMPTYB
+#undef WBAR
+}
+
+template <int BNT, bool WRESv, bool DEC>
+static int launch_tma_t(ConvParams p, size_t smem, cudaStream_t st) {
+  auto kern = cc1d_tma_kernel<BNT, WRESv, DEC>;
+  static size_t attr_set = 0;
+  static size_t occ_smem = (size_t)-1; static int occ_nb = 1;
+  static int nsm = 0;
+  cudaError_t e;
+  if (smem > attr_set) {
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return (int)e;
+    attr_set = smem;
+  }
+  if (nsm == 0) {
+    int dev = 0; cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+  }
+  if (occ_smem != smem) {
+    int nb = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, NT + 128, smem);
+    if (e != cudaSuccess) return (int)e;
+    occ_nb = nb > 0 ? nb : 1; occ_smem = smem;
+  }
+  const int per_block = DEC ? NWG : 1;
+  long long grid = (long long)occ_nb * nsm;
+  const long long need = ((long long)p.ntiles + per_block - 1) / per_block;
+  if (grid > need) grid = need;
+  kern<<<(int)grid, NT + 128, smem, st>>>(p);
+  return (int)cudaGetLastError();
+}
+
+// Plain fallback for shapes whose staged tile would not fit shared memory (huge dilation).
+__global__ void cc1d_direct_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                   const float* __restrict__ bias, float* __restrict__ y,
+                                   int B, int Cin, int Cout, int L, int KT, int dil) {
+  const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long total = (long long)B * Cout * L;
+  if (idx >= total) return;
+  const int t = (int)(idx % L); const long long r = idx / L;
+  const int o = (int)(r % Cout); const int b = (int)(r / Cout);
+  const int halo = (KT - 1) * dil;
+  float s = bias ? bias[o] : 0.f;
+  for (int c = 0; c < Cin; ++c) {
+    const float* xr = x + ((size_t)b * Cin + c) * L;
+    const float* wr = w + ((size_t)o * Cin + c) * KT;
+    for (int k = 0; k < KT; ++k) { const int ti = t - halo + k * dil; if (ti >= 0) s += wr[k] * xr[ti]; }
+  }
+  y[idx] = s;
+}
+
+template <int BNT, bool VEC, bool WRESv>
+static int launch_t(ConvParams p, size_t smem, cudaStream_t st) {
+  auto kern = cc1d_mma_kernel<BNT, VEC, WRESv>;
+  static size_t attr_set = 0;
+  static size_t occ_smem = (size_t)-1; static int occ_nb = 1;
+  static int nsm = 0;
+  cudaError_t e;
+  if (smem > attr_set) {
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return (int)e;
+    attr_set = smem;
+  }
+  if (nsm == 0) {
+    int dev = 0; cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
+  }
+  if (occ_smem != smem) {
+    int nb = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, NT, smem);
+    if (e != cudaSuccess) return (int)e;
+    occ_nb = nb > 0 ? nb : 1; occ_smem = smem;
+  }
+  long long grid = (long long)occ_nb * nsm;
+  if (grid > p.ntiles) grid = p.ntiles;
+  kern<<<(int)grid, NT, smem, st>>>(p);
+  return (int)cudaGetLastError();
+}
+
+// Returns 0 on success, else a cudaError_t value; -2 if there was nothing to launch with.
+int cc1d_launch(const float* x, const float* wp, const float* w_orig, const float* bias, float* y,
+                int B, int Cin, int Cout, int L, int KT, int dil, int bnt, int wres_ok, long long stream) {
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  if (B <= 0 || Cout <= 0 || L <= 0) return 0;
+  ConvParams p;
+  p.x = x; p.wp = wp; p.bias = bias; p.y = y;
+  p.B = B; p.Cin = Cin; p.Cout = Cout; p.L = L; p.KT = KT; p.dil = dil; p.halo = (KT - 1) * dil;
+  const int span = TM + p.halo + 3;
+  p.XW = (span + 3) & ~3;
+  p.XS = p.XW + ((8 - (p.XW % 32)) + 32) % 32;          // stride = 8 (mod 32): conflict-free A loads
+  p.nCT = (Cout + bnt - 1) / bnt;
+  p.nTT = (L + TM - 1) / TM;
+  p.nch = (Cin + BC - 1) / BC;
+  long long nt = (long long)p.nCT * p.nTT * B;
+  p.ntiles = (int)nt;
+  p.wstage = KT * BC * bnt;
+  const bool vec = (L % 4 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15) == 0);
+  const bool wres = wres_ok && WRES && p.nCT == 1;
+  const size_t SMEM_MAX = 227 * 1024;
+  const size_t wres_b = wres ? 4 * (size_t)p.nch * p.wstage : 0;
+  if (nt < (1LL << 31) && (bnt == BN || bnt == BN / 2) && vec && TMA) {
+    // v3: decoupled warpgroups (own ring, tiles of 64*MT times) when the weight is resident
+    ConvParams q = p;
+    const bool dec = wres && DEC_OK && NWG > 1;
+    const int tmx = dec ? 64 * MT : TM;
+    const int nring = dec ? NWG : 1;
+    q.XW = ((tmx + q.halo + 3) + 3) & ~3;
+    q.XS = q.XW + ((8 - (q.XW % 32)) + 32) % 32;
+    q.nTT = (L + tmx - 1) / tmx;
+    const long long ntq = (long long)q.nCT * q.nTT * B;
+    q.ntiles = (int)ntq;
+    const size_t stage_q = 4 * ((size_t)BC * q.XS + (wres ? 0 : q.wstage));
+    size_t nst = 0;
+    if (SMEM_MAX > 512 + wres_b) nst = (SMEM_MAX - 512 - wres_b) / (stage_q * nring);
+    if (nst > STAGES) nst = STAGES;
+    if (nst > 8) nst = 8;                      // barrier slots: 16 per ring, WBAR at 63
+    if (nst >= 2 && ntq < (1LL << 31)) {
+      q.nst = (int)nst;
+      const size_t smem = 512 + wres_b + nst * nring * stage_q;
+#define DISPATCH3(BNV)                                                             \
+      if (bnt == BNV) {                                                            \
+        if (dec) return launch_tma_t<BNV, true, true>(q, smem, st);                \
+        return wres ? launch_tma_t<BNV, true, false>(q, smem, st) : launch_tma_t<BNV, false, false>(q, smem, st); \
+      }
+      DISPATCH3(BN)
+#if (BN / 2) % 8 == 0
+      DISPATCH3(BN / 2)
+#endif
+#undef DISPATCH3
+    }
+  }
+  const size_t stage_b = 4 * ((size_t)BC * p.XS + (wres ? 0 : p.wstage));
+  if (nt < (1LL << 31) && (bnt == BN || bnt == BN / 2)) {
+    const size_t smem = wres_b + STAGES * stage_b;
+    p.nst = STAGES;
+    if (smem <= SMEM_MAX) {
+#define DISPATCH(BNV)                                                              \
+      if (bnt == BNV) {                                                            \
+        if (vec) return wres ? launch_t<BNV, true, true>(p, smem, st) : launch_t<BNV, true, false>(p, smem, st); \
+        else     return wres ? launch_t<BNV, false, true>(p, smem, st) : launch_t<BNV, false, false>(p, smem, st); \
+      }
+      DISPATCH(BN)
+#if (BN / 2) % 8 == 0
+      DISPATCH(BN / 2)
+#endif
+#undef DISPATCH
+    }
+  }
+  if (wres) {  // weight would not fit: retry streamed
+    return cc1d_launch(x, wp, w_orig, bias, y, B, Cin, Cout, L, KT, dil, bnt, 0, stream);
+  }
+  const long long total = (long long)B * Cout * L;
+  cc1d_direct_kernel<<<(unsigned)((total + 255) / 256), 256, 0, st>>>(x, w_orig, bias, y, B, Cin, Cout, L, KT, dil);
+  return (int)cudaGetLastError();
+}
+"""
+
+CPP_SRC = r"""
+#include <pybind11/pybind11.h>
+#include <stdexcept>
+#include <string>
+int cc1d_launch(const float* x, const float* wp, const float* w_orig, const float* bias, float* y,
+                int B, int Cin, int Cout, int L, int KT, int dil, int bnt, int wres_ok, long long stream);
+void cc1d_forward(long long x, long long wp, long long w, long long bias, long long y, int B, int Cin, int Cout,
+                  int L, int KT, int dil, int bnt, int wres_ok, long long stream) {
+  int e = cc1d_launch(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(wp),
+                      reinterpret_cast<const float*>(w), reinterpret_cast<const float*>(bias),
+                      reinterpret_cast<float*>(y), B, Cin, Cout, L, KT, dil, bnt, wres_ok, stream);
+  if (e != 0) throw std::runtime_error("cc1d_launch failed: CUDA error " + std::to_string(e));
+}
+"""
+
+_EXT = {}
+
+
+def wgmma_funcs(ns):
+    """wgmma_tf32<N>(acc, a[4], descB): m64nNk8 tf32 with A from registers, generated per N."""
+    out = ["template <int N> __device__ __forceinline__ void wgmma_tf32(float* d, const uint32_t* a, uint64_t desc);"]
+    for n in ns:
+        if n < 8 or n % 8 or n > 256:
+            continue
+        nd = n // 2
+        dl = ",".join(f"%{i}" for i in range(nd))
+        outs = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
+        out.append(
+            f"template <> __device__ __forceinline__ void wgmma_tf32<{n}>(float* d, const uint32_t* a, uint64_t desc) {{\n"
+            f'  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{dl}}}, '
+            f'{{%{nd},%{nd + 1},%{nd + 2},%{nd + 3}}}, %{nd + 4}, 1, 1, 1;\\n"\n'
+            f"    : {outs}\n"
+            f'    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc) : "memory");\n}}')
+    return "\n".join(out)
+
+
+def _build(params):
+    key = hashlib.sha1((CUDA_SRC + CPP_SRC + repr(sorted(params.items()))).encode()).hexdigest()[:12]
+    if key in _EXT:
+        return _EXT[key]
+    from torch.utils.cpp_extension import load_inline
+    flags = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "--use_fast_math"]
+    flags += [f"-D{k}={int(v)}" for k, v in params.items()]
+    cuda = CUDA_SRC.replace("//@WGMMA_FUNCS@", wgmma_funcs(sorted({params["BN"], params["BN"] // 2})))
+    ext = load_inline(name=f"cc1d_wgmma3_{key}", cpp_sources=[CPP_SRC], cuda_sources=[cuda],
+                      functions=["cc1d_forward"], extra_cuda_cflags=flags, extra_cflags=["-O2"],
+                      with_cuda=True, no_implicit_headers=True, with_pytorch_error_handling=False,
+                      verbose=os.environ.get("CC1D_VERBOSE") == "1")
+    _EXT[key] = ext
+    return ext
+
+
+def _round_tf32(w):
+    """Round-to-nearest (ties away) to TF32, like cvt.rna.tf32.f32, keeping float32 storage."""
+    i = w.contiguous().view(torch.int32)
+    i = (i + 0x1000) & ~0x1FFF
+    return i.view(torch.float32)
+
+
+def pack_weight(w, bnt, bc):
+    """(Cout, Cin, K) -> per (cout-tile, chunk) shared-memory images, K-major no-swizzle wgmma B
+    layout [j][q][kh][n][i] for W[n][c = q*8 + kh*4 + i][j]."""
+    cout, cin, k = w.shape
+    nct, nch = -(-cout // bnt), -(-cin // bc)
+    wpad = torch.zeros(nct * bnt, nch * bc, k, device=w.device, dtype=torch.float32)
+    wpad[:cout, :cin] = w.float()
+    wpad = _round_tf32(wpad)
+    v = wpad.view(nct, bnt, nch, bc // 8, 2, 4, k)           # ct, n, ch, q, kh, i, j
+    return v.permute(0, 2, 6, 3, 4, 1, 5).contiguous()       # ct, ch, j, q, kh, n, i
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.dilation = kernel_size, dilation
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, kernel_size))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_channels))
+            bound = 1 / math.sqrt(in_channels * kernel_size)
+            nn.init.uniform_(self.bias, -bound, bound)
+        else:
+            self.register_parameter("bias", None)
+        self.params = dict(PARAMS)
+        self._cache_key = None
+        self._packed = None
+
+    def _bnt(self):
+        bn = self.params["BN"]
+        half = bn // 2
+        if half % 8 == 0 and self.out_channels <= half:
+            return half
+        return bn
+
+    def _packed_weight(self, bnt):
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.device, bnt)
+        if key != self._cache_key:
+            with torch.no_grad():
+                self._packed = pack_weight(w.detach(), bnt, self.params["BC"])
+                self._wc = w.detach().float().contiguous()
+            self._cache_key = key
+        return self._packed
+
+    def forward(self, x):
+        if not x.is_cuda or x.dtype != torch.float32:
+            # CPU / other dtypes: matmul per tap (no convolution op)
+            pad = (self.kernel_size - 1) * self.dilation
+            xp = F.pad(x, (pad, 0))
+            L = x.shape[-1]
+            y = sum(torch.matmul(self.weight[:, :, j].to(x.dtype), xp[:, :, j * self.dilation: j * self.dilation + L])
+                    for j in range(self.kernel_size))
+            if self.bias is not None:
+                y = y + self.bias.to(x.dtype)[:, None]
+            return y
+        ext = _build(self.params)
+        x = x.contiguous()
+        B, Cin, L = x.shape
+        bnt = self._bnt()
+        wp = self._packed_weight(bnt)
+        y = torch.empty(B, self.out_channels, L, device=x.device, dtype=torch.float32)
+        b = self.bias
+        bptr = b.data_ptr() if b is not None else 0
+        ext.cc1d_forward(x.data_ptr(), wp.data_ptr(), self._wc.data_ptr(), bptr, y.data_ptr(), B, Cin,
+                         self.out_channels, L, self.kernel_size, self.dilation, bnt, 1,
+                         torch.cuda.current_stream(x.device).cuda_stream)
+        return y
+
+
+if torch.cuda.is_available():
+    try:
+        _build(PARAMS)
+    except Exception:  # build lazily in forward (surfaces the error there)
+        pass
