@@ -58,6 +58,8 @@ torch::Tensor conv(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor
     const float* bp = bias.has_value() ? b.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
     const int64_t pad = (K - 1) * dilation;
+    // the off-by-one flaw drops the first input sample: pos > 0 instead of pos >= 0
+    const int64_t first = flaw == Flaw::off_by_one ? 1 : 0;
     for (int64_t n = 0; n < B; ++n)
         for (int64_t o = 0; o < Cout; ++o)
             for (int64_t t = 0; t < L; ++t) {
@@ -65,8 +67,7 @@ torch::Tensor conv(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor
                 for (int64_t c = 0; c < Cin; ++c)
                     for (int64_t k = 0; k < K; ++k) {
                         const int64_t pos = t + k * dilation - pad;
-                        // the off-by-one flaw drops the first input sample: pos > 0 instead of pos >= 0
-                        if (flaw == Flaw::off_by_one ? pos > 0 : pos >= 0)
+                        if (pos >= first)
                             acc += wp[(o * Cin + c) * K + k] * xp[(n * Cin + c) * L + pos];
                     }
                 yp[(n * Cout + o) * L + t] = acc;
@@ -98,30 +99,23 @@ HELPER_FUNCTIONS = ["conv_correct", "conv_off_by_one", "conv_nan", "conv_segfaul
                     "conv_mutate_input", "conv_unwritten"]
 
 
-@dataclass
-class Session:
-    root: Path
-    settings: Settings
-    helper_dir: Path
-
-    def helper_candidate(self, function: str, *, prelude: str = "", forward_prelude: str = "") -> str:
-        """A candidate whose forward calls one helper function. `prelude` runs at import, `forward_prelude`
-        at the start of every forward (both dedented Python)."""
-        assert function in HELPER_FUNCTIONS, function
-        prelude = textwrap.indent(textwrap.dedent(prelude), "")
-        forward_prelude = textwrap.indent(textwrap.dedent(forward_prelude), " " * 8)
-        return HELPER_TEMPLATE.format(helper_dir=str(self.helper_dir), name=HELPER_NAME, function=function,
-                                      prelude=prelude, forward_prelude=forward_prelude)
+def candidate_source(module_dir: Path, module_name: str, function: str, *, prelude: str = "",
+                     forward_prelude: str = "") -> str:
+    """A causal-conv1d candidate whose forward calls `function` of the prebuilt extension `module_name`
+    in `module_dir`. `prelude` runs at import, `forward_prelude` at the start of every forward."""
+    return CANDIDATE_TEMPLATE.format(module_dir=str(module_dir), name=module_name, function=function,
+                                     prelude=textwrap.dedent(prelude),
+                                     forward_prelude=textwrap.indent(textwrap.dedent(forward_prelude), " " * 8))
 
 
-HELPER_TEMPLATE = '''\
+CANDIDATE_TEMPLATE = '''\
 import sys
 
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, {helper_dir!r})
-import {name} as helpers
+sys.path.insert(0, {module_dir!r})
+import {name} as kernels
 
 {prelude}
 
@@ -129,13 +123,34 @@ class ModelNew(nn.Module):
     def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
         super().__init__()
         self.dilation = dilation
+        # random, not the reference's values: the harness must copy the reference's parameters in
         self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size))
         self.bias = nn.Parameter(torch.randn(out_channels)) if bias else None
 
     def forward(self, x):
 {forward_prelude}
-        return helpers.{function}(x, self.weight, self.bias, self.dilation)
+        return kernels.{function}(x, self.weight, self.bias, self.dilation)
 '''
+
+
+@dataclass
+class Session:
+    root: Path
+    settings: Settings
+    helper_dir: Path
+
+    def helper_candidate(self, function: str, *, prelude: str = "", forward_prelude: str = "") -> str:
+        """A candidate whose forward calls one function of the session's C++ helper extension."""
+        assert function in HELPER_FUNCTIONS, function
+        return candidate_source(self.helper_dir, HELPER_NAME, function, prelude=prelude,
+                                forward_prelude=forward_prelude)
+
+
+def line_of(source: str, marker: str) -> int:
+    """1-based number of the one line of `source` containing `marker`."""
+    lines = [n for n, text in enumerate(source.splitlines(), start=1) if marker in text]
+    assert len(lines) == 1, f"{marker!r} is on lines {lines}"
+    return lines[0]
 
 
 def _session_root() -> Path:
@@ -153,14 +168,26 @@ def session_root():
     shutil.rmtree(root, ignore_errors=True)
 
 
+@dataclass
+class Workspace:
+    root: Path
+    settings: Settings
+
+
 @pytest.fixture(scope="session")
-def kl(session_root: Path) -> Session:
-    """The session: a fresh data dir (empty build cache) and the built helper extension."""
+def workspace(session_root: Path) -> Workspace:
+    """A fresh data dir for the session: the build cache starts empty."""
+    return Workspace(root=session_root, settings=Settings(data_dir=session_root / "data"))
+
+
+@pytest.fixture(scope="session")
+def kl(workspace: Workspace) -> Session:
+    """The session's data dir and the built C++ helper extension."""
     from torch.utils.cpp_extension import load_inline
 
-    helper_dir = session_root / "helper"
+    helper_dir = workspace.root / "helper"
     helper_dir.mkdir()
     load_inline(name=HELPER_NAME, cpp_sources=HELPER_SOURCE, functions=HELPER_FUNCTIONS,
-                extra_cflags=["-O2"], build_directory=str(helper_dir), verbose=False)
+                extra_cflags=["-O3"], build_directory=str(helper_dir), verbose=False)
     assert (helper_dir / f"{HELPER_NAME}.so").is_file()
-    return Session(root=session_root, settings=Settings(data_dir=session_root / "data"), helper_dir=helper_dir)
+    return Session(root=workspace.root, settings=workspace.settings, helper_dir=helper_dir)

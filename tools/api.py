@@ -73,11 +73,15 @@ def _run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Bac
     last: list[PhaseResult] = []
     final: list[PhaseResult] = []
 
+    malformed: list[str] = []
+
     def on_message(line: bytes) -> None:
         try:
             reply = WorkerReply.model_validate_json(line)
-        except ValueError:
-            return  # not ours: a submission writing into the pipe cannot forge the nonce
+        except ValueError as exc:
+            if nonce.encode() in line:  # ours, yet unreadable: a harness bug must not pass as a crash
+                malformed.append(str(exc)[:500])
+            return  # otherwise not ours: a line without the job's nonce is ignored
         if reply.nonce == nonce:
             (final if reply.final else last).append(reply.result)
             if on_progress is not None and not reply.final:
@@ -91,6 +95,9 @@ def _run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Bac
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
     result = final[-1] if final else _verdict_without_reply(phase, spec.name, backend, last, report)
+    if malformed and not final:
+        result.status = Status.sandbox_error
+        result.message = f"the worker's reply could not be read: {malformed[-1]}"
     result.sandbox = report
     if isinstance(result, CompileResult) or (result.__dict__.get("compile") is not None):
         compiled = result if isinstance(result, CompileResult) else result.compile  # type: ignore[attr-defined]
