@@ -57,6 +57,9 @@ def floors(peaks: DevicePeaks | None, flops: int | None, bytes_moved: int | None
     if peaks is None or bytes_moved is None:
         return None, None
     memory_ms = bytes_moved / peaks.bandwidth_bytes_s * 1e3
-    rate = peaks.tf32_flops_s if allow_tf32 else peaks.fp32_flops_s
+    # Strict fp32 is fastest as 3xTF32 on the tensor cores (three products per multiply-add), which
+    # beats the SIMT fp32 rate; the floor must be the faster of the two legal ways.
+    strict_rates = [r for r in (peaks.fp32_flops_s, peaks.tf32_flops_s and peaks.tf32_flops_s / 3) if r]
+    rate = peaks.tf32_flops_s if allow_tf32 else (max(strict_rates) if strict_rates else None)
     compute_ms = flops / rate * 1e3 if flops is not None and rate else 0.0
     return memory_ms, max(memory_ms, compute_ms)

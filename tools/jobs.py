@@ -24,7 +24,7 @@ class EvalOptions(BaseModel):
     timeout_s: float | None = Field(None, gt=0, le=3600, description="wall-clock limit of the worker; default per phase")
     compare_torch_compile: bool = Field(False, description="benchmark: also time torch.compile(Model)")
     time_budget_s: float = Field(2.0, gt=0, le=60, description="benchmark: seconds of timing per shape")
-    min_samples: int = Field(10, ge=3, le=1000)
+    min_samples: int = Field(25, ge=3, le=1000)
     max_samples: int = Field(500, ge=3, le=100000)
 
 

@@ -251,7 +251,7 @@ def benchmark_phase(job: WorkerJob, report: Report) -> BenchmarkResult:
     compiled, loaded = compile_phase(job, report)
     result = BenchmarkResult(status=compiled.status, message=compiled.message, problem=job.problem.name,
                              backend=job.backend, device=compiled.device, compile=compiled,
-                             timing_method=("cuda events, device-wide sync per call, L2 flush, interleaved, median"
+                             timing_method=("cuda events, L2 flush, interleaved, median; candidate bracketed by device-wide syncs"
                                             if job.backend == "cuda" else "perf_counter per call, interleaved, median"))
     if loaded is None:
         return result
@@ -314,7 +314,6 @@ def _benchmark_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, peaks: devi
     entry.memory_floor_ms, entry.floor_ms = devices.floors(peaks, shape.flops, shape.bytes, job.problem.tolerance.allow_tf32)
     if entry.floor_ms and cand.median_ms > 0:
         entry.fraction_of_floor = entry.floor_ms / cand.median_ms
-    entry.message = measured.notes.get("candidate", "")
     if problem:
         entry.status, entry.message = Status.suspicious, problem
     elif entry.memory_floor_ms and cand.median_ms < entry.memory_floor_ms:

@@ -58,6 +58,25 @@ class Settings(BaseSettings):
     max_job_interruptions: int = Field(3, ge=1, description="restarts a job survives before it is marked failed")
     problem_check_timeout_s: float = Field(120.0, gt=0, description="sandboxed check of a registered problem")
 
+    # ---- the agent (agent/) ----
+    server_url: str | None = Field(
+        None, description="the service `kernelloop agent` uses; None: it starts one embedded on a loopback port"
+    )
+    llm_api: Literal["openai", "anthropic"] = Field("openai", description="the model API's dialect")
+    llm_base_url: str | None = Field(
+        None, description="the model API; default: OPENAI_BASE_URL (ANTHROPIC_BASE_URL), else the vendor's own"
+    )
+    llm_model: str | None = Field(
+        None, description="the model; default: OPENAI_MODEL (ANTHROPIC_MODEL); with none, the agent runs the search"
+    )
+    llm_api_key: SecretStr | None = Field(
+        None, description="the model API key; default: OPENAI_API_KEY (ANTHROPIC_API_KEY, OPENROUTER_API_KEY)"
+    )
+    llm_max_tokens: int = Field(8192, ge=256, description="longest model reply, tokens")
+    llm_context_chars: int = Field(120_000, ge=8_000, description="conversation kept before older turns are summarized")
+    llm_timeout_s: float = Field(300.0, gt=0, description="one model call")
+    llm_max_retries: int = Field(5, ge=0, le=20, description="retries of a model call on 429, 5xx and dropped connections")
+
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'kernelloop.sqlite3'}"

@@ -1,12 +1,18 @@
 """Inside the worker: honest timings of several callables, interleaved, on the GPU or the CPU.
 
-On the GPU each sample is: refresh that subject's input set in place, flush L2 (a write of twice its
-size), queue a short spin so the host can launch ahead as it would in a real loop, record a start event, call, record an end event on the current stream, synchronize the whole
-device, record a second end event. The first interval is the stream's time, as triton's do_bench
-measures it. The second also holds work the call left on other streams (and host time after its
-launches); its fixed cost, host wake-up plus one event record, is measured on an empty call and
-subtracted. For subjects under suspicion (the candidate), a median device-wide time clearly above the
-stream's means work escaped the timed stream, and the device-wide samples are the ones reported.
+Every GPU sample starts the same way: redraw that subject's input set in place, flush L2 (a write of
+twice its size). Then it is timed one of two ways:
+
+- strict, for the candidate: synchronize the device, record a start event, call, synchronize the
+  device again, record the end event. Nothing the call launched can run before the start or after the
+  end, on any stream: work hidden on a side stream is counted in full. The fixed cost this adds (host
+  launch of a first kernel, wake-up from the synchronize, one event record) is measured on a one-element
+  kernel and subtracted.
+- as do_bench times, for the trusted reference: a short GPU spin lets the host launch ahead as it would
+  in a loop, then start event, call, end event on the current stream. Without the spin, host-side setup
+  (cuDNN's reaches 0.1 ms) would count as kernel time; a candidate gets no such spin, because its side
+  streams could run under it.
+
 Subjects alternate sample by sample, so clock and thermal drift hit them alike. Sampling stops when
 every subject's standard error is under `target_rel_se` of its mean, or the time budget is spent.
 """
@@ -25,11 +31,7 @@ from tools.results import Timing
 
 Subject = Callable[[int], Any]  # called with the index of the input set to use; returns the output
 
-
 SLEEP_CYCLES = 1_000_000  # about 0.5 ms at Hopper's clocks
-
-# A call whose device-wide time exceeds its stream time by both margins did work the stream missed.
-ESCAPE_RATIO, ESCAPE_MS = 1.10, 0.02
 
 
 @dataclass
@@ -37,7 +39,6 @@ class Measurement:
     samples_ms: dict[str, list[float]]
     last_outputs: dict[str, dict[int, Any]] = field(default_factory=dict)
     overhead_ms: float = 0.0
-    notes: dict[str, str] = field(default_factory=dict)
 
 
 def summarize(samples_ms: list[float]) -> Timing:
@@ -53,53 +54,51 @@ class _GpuClock:
         l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20)
         self.flush_buffer = torch.empty(max(2 * l2_bytes, 256 << 20) // 4, dtype=torch.float32, device=device)
         self.overhead_ms = 0.0
-        self.overhead_ms = statistics.median(self.time(lambda: None)[1] for _ in range(30))
+        one_element = self.flush_buffer[:1]
+        self.overhead_ms = statistics.median(self.time(lambda: one_element.add_(1.0), strict=True) for _ in range(30))
 
-    def time(self, call: Callable[[], Any]) -> tuple[float, float]:
-        """(stream time, device-wide time) of one call, in ms."""
+    def time(self, call: Callable[[], Any], strict: bool) -> float:
         self.flush_buffer.zero_()
-        if hasattr(torch.cuda, "_sleep"):
-            # Keep the GPU busy while the host prepares the call, as back-to-back launches would: without
-            # it, host-side setup (cuDNN's runs to 0.1 ms) shows up as idle time inside the interval.
+        if strict:
+            torch.cuda.synchronize()
+        elif hasattr(torch.cuda, "_sleep"):
             torch.cuda._sleep(SLEEP_CYCLES)
-        start, end, end_all = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         self.last = call()
+        if strict:
+            torch.cuda.synchronize()
         end.record()
-        torch.cuda.synchronize()
-        end_all.record()
-        end_all.synchronize()
-        return start.elapsed_time(end), max(start.elapsed_time(end_all) - self.overhead_ms, 0.0)
+        end.synchronize()
+        elapsed = start.elapsed_time(end)
+        return max(elapsed - self.overhead_ms, 0.0) if strict else elapsed
 
 
 class _CpuClock:
     overhead_ms = 0.0
 
-    def time(self, call: Callable[[], Any]) -> tuple[float, float]:
+    def time(self, call: Callable[[], Any], strict: bool) -> float:
         start = time.perf_counter()
         self.last = call()
-        elapsed = (time.perf_counter() - start) * 1e3
-        return elapsed, elapsed
+        return (time.perf_counter() - start) * 1e3
 
 
 def measure(subjects: dict[str, Subject], refresh: Callable[[str, int], None], n_sets: int, device: torch.device,
             *, budget_s: float, min_samples: int, max_samples: int, suspects: tuple[str, ...] = (),
             target_rel_se: float = 0.01, warmup_calls: int = 3) -> Measurement:
     """Time each subject, rotating through `n_sets` input sets that `refresh(name, i)` redraws in place
-    before every call. Keeps each subject's last output per set for the caller to check. For the
-    subjects named in `suspects`, work that escapes the current stream is detected and counted."""
+    before every call. Keeps each subject's last output per set for the caller to check. The subjects
+    named in `suspects` are timed strictly (every stream counted)."""
     clock: _GpuClock | _CpuClock = _GpuClock(device) if device.type == "cuda" else _CpuClock()
     samples: dict[str, list[float]] = {name: [] for name in subjects}
-    device_wide: dict[str, list[float]] = {name: [] for name in subjects}
     last_outputs: dict[str, dict[int, Any]] = {name: {} for name in subjects}
 
     def one_call(name: str, set_index: int) -> float:
         refresh(name, set_index)
         last_outputs[name].pop(set_index, None)  # free the old output before the call allocates a new one
-        stream_ms, device_ms = clock.time(lambda: subjects[name](set_index))
+        elapsed = clock.time(lambda: subjects[name](set_index), strict=name in suspects)
         last_outputs[name][set_index] = clock.last
-        device_wide[name].append(device_ms)
-        return stream_ms
+        return elapsed
 
     for i in range(warmup_calls):
         for name in subjects:
@@ -117,15 +116,7 @@ def measure(subjects: dict[str, Subject], refresh: Callable[[str, int], None], n
             break
         if all(_relative_standard_error(s) < target_rel_se for s in samples.values()):
             break
-    notes = {}
-    for name in suspects:
-        stream_ms = statistics.median(samples[name])
-        wide_ms = statistics.median(device_wide[name][warmup_calls:])
-        if wide_ms > stream_ms * ESCAPE_RATIO and wide_ms - stream_ms > ESCAPE_MS:
-            samples[name] = device_wide[name][warmup_calls:]
-            notes[name] = (f"work outside the timed stream: stream time {stream_ms:.4f} ms, device-wide "
-                           f"{wide_ms:.4f} ms; the device-wide time is reported")
-    return Measurement(samples, last_outputs, clock.overhead_ms, notes)
+    return Measurement(samples, last_outputs, clock.overhead_ms)
 
 
 def _relative_standard_error(samples_ms: list[float]) -> float:
