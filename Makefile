@@ -13,7 +13,7 @@ $(BIN)/.kernelloop-installed: pyproject.toml
 	touch $@
 
 run: $(BIN)/.kernelloop-installed
-	$(BIN)/kernelloop demo
+	$(BIN)/kernelloop agent run --problem causal_conv1d
 
 test: $(BIN)/.kernelloop-installed
 	$(BIN)/python -m pytest -q

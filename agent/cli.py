@@ -1,0 +1,213 @@
+"""`kernelloop agent run|resume`: the loop from the command line.
+
+Without --server the service runs embedded on a loopback port with the default settings (SQLite in the
+data folder), so `kernelloop agent run --problem causal_conv1d` works on a fresh machine. The proposer
+is the llm when a model is configured (--model, KERNELLOOP_LLM_MODEL or OPENAI_MODEL), else the search.
+Exit status: 0 a correct, benchmarked kernel was found; 1 none was, or the run failed; 2 the run could
+not start; 130 interrupted (resume it with `kernelloop agent resume RUN_ID`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from agent.embedded import EmbeddedService, EmbeddedServiceError
+from agent.llm.factory import configured_model, resolve_llm_config
+from agent.llm.types import LlmFailure
+from agent.models import AgentRunConfig, RunSummary
+from agent.progress import Progress
+from agent.runner import RunRefused, resume_run, start_run
+from agent.service_client import ServiceClient
+from tools.settings import Settings
+
+DEFAULT_ITERATIONS = 10
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {"data_dir": Path(args.data_dir)} if args.data_dir else {}
+    return Settings(**overrides)
+
+
+def _config(args: argparse.Namespace, settings: Settings) -> AgentRunConfig | str:
+    api = args.api or settings.llm_api
+    proposer = args.proposer or ("llm" if configured_model(api, args.model, settings) else "search")
+    llm = None
+    if proposer == "llm":
+        resolved = resolve_llm_config(
+            api=api, base_url=args.base_url, model=args.model, api_key_env=args.api_key_env, settings=settings
+        )
+        if isinstance(resolved, LlmFailure):
+            return str(resolved)
+        llm = resolved
+    iterations = args.iterations if args.iterations is not None else (None if args.time_budget else DEFAULT_ITERATIONS)
+    try:
+        return AgentRunConfig(
+            problem=args.problem,
+            backend=args.backend,
+            proposer=proposer,
+            iterations=iterations,
+            time_budget_s=args.time_budget,
+            parallel=args.parallel,
+            seed=args.seed,
+            llm=llm,
+            transcript=str(Path(args.transcript).resolve()) if args.transcript else None,
+            search_time_budget_s=args.search_time_budget,
+            output=str(Path(args.output).resolve()) if args.output else None,
+        )
+    except ValueError as exc:
+        return f"bad options: {exc}"
+
+
+def _with_service(args: argparse.Namespace, settings: Settings, progress: Progress, work) -> int:  # type: ignore[no-untyped-def]
+    """Run `work(client, service_is_local)` against --server or an embedded service; the outcome as an exit code."""
+    try:
+        return _serve_and_work(args, settings, progress, work)
+    except KeyboardInterrupt:  # before a run existed (e.g. while the embedded service started): nothing to mark
+        print("kernelloop agent: interrupted", file=sys.stderr)
+        return 130
+
+
+def _serve_and_work(args: argparse.Namespace, settings: Settings, progress: Progress, work) -> int:  # type: ignore[no-untyped-def]
+    server = args.server or settings.server_url
+    with ExitStack() as stack:
+        if server is None:
+            try:
+                embedded = stack.enter_context(EmbeddedService(settings))
+            except EmbeddedServiceError as exc:
+                print(f"kernelloop agent: {exc}", file=sys.stderr)
+                return 2
+            assert embedded.info is not None
+            progress.note(f"service embedded at {embedded.url} (database {embedded.info.database})")
+            server, local = embedded.url, True
+        else:
+            local = _is_loopback(server)
+        token = settings.api_token.get_secret_value() if settings.api_token else None
+
+        async def main() -> RunSummary | RunRefused:
+            async with ServiceClient(server, token=token) as client:
+                return await work(client, local)
+
+        try:
+            result = asyncio.run(main())
+        except KeyboardInterrupt:
+            print(
+                "kernelloop agent: interrupted; the run is marked interrupted (`kernelloop agent resume RUN_ID` "
+                "continues it)",
+                file=sys.stderr,
+            )
+            return 130
+    if isinstance(result, RunRefused):
+        print(f"kernelloop agent: {result.message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    if result.status == "interrupted":
+        return 130
+    return 0 if result.status == "finished" and result.best_attempt_id is not None else 1
+
+
+def _is_loopback(url: str) -> bool:
+    from urllib.parse import urlparse
+
+    return (urlparse(url).hostname or "") in ("127.0.0.1", "localhost", "::1")
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    config = _config(args, settings)
+    if isinstance(config, str):
+        print(f"kernelloop agent: {config}", file=sys.stderr)
+        return 2
+    progress = Progress(sys.stderr if args.json else None, quiet=args.quiet)
+    return _with_service(
+        args,
+        settings,
+        progress,
+        lambda client, local: start_run(config, client, settings, progress, service_is_local=local),
+    )
+
+
+def _resume(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    progress = Progress(sys.stderr if args.json else None, quiet=args.quiet)
+    return _with_service(
+        args,
+        settings,
+        progress,
+        lambda client, local: resume_run(
+            args.run_id,
+            client,
+            settings,
+            progress,
+            service_is_local=local,
+            iterations=args.iterations,
+            time_budget_s=args.time_budget,
+        ),
+    )
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server", help="URL of a running kernelloop service (default: start one embedded, SQLite in the data folder)"
+    )
+    parser.add_argument("--data-dir", help="data folder of the embedded service and of run files (default .kernelloop)")
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        help=f"attempts in all (default {DEFAULT_ITERATIONS} unless --time-budget is given; on resume: this many more)",
+    )
+    parser.add_argument(
+        "--time-budget", type=float, help="seconds; no new attempt after that (on resume: this many more)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="only notes and the summary")
+    parser.add_argument("--json", action="store_true", help="print the run's summary as JSON (progress goes to stderr)")
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    agent = subparsers.add_parser("agent", help="the optimization loop: propose kernels, evaluate, keep the best")
+    sub = agent.add_subparsers(dest="agent_command", required=True)
+
+    run = sub.add_parser(
+        "run", help="start a run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    run.add_argument(
+        "--problem",
+        required=True,
+        help="a problem the service knows (e.g. causal_conv1d), or the path "
+        "of a KernelBench file (registered with the service first)",
+    )
+    run.add_argument(
+        "--proposer", choices=["llm", "search", "replay"], help="default: llm when a model is configured, else search"
+    )
+    run.add_argument("--backend", choices=["cuda", "cpu"], help="default: the service's (cuda when it has a GPU)")
+    run.add_argument("--parallel", type=int, default=1, help="trajectories sharing the service (default 1)")
+    run.add_argument("--model", help="the language model (default: KERNELLOOP_LLM_MODEL, OPENAI_MODEL)")
+    run.add_argument(
+        "--api", choices=["openai", "anthropic"], help="model API dialect (default openai: chat completions)"
+    )
+    run.add_argument(
+        "--base-url",
+        help="model API base URL (default: OPENAI_BASE_URL, else the vendor's), "
+        "e.g. http://localhost:8000/v1 for vLLM, https://openrouter.ai/api/v1",
+    )
+    run.add_argument("--api-key-env", help="environment variable holding the API key (default OPENAI_API_KEY)")
+    run.add_argument("--transcript", help="replay: a recorded transcript (the seed's, or a saved llm run's JSON)")
+    run.add_argument("--seed", type=int, default=0, help="search: the seed of its random choices")
+    run.add_argument(
+        "--search-time-budget",
+        type=float,
+        default=0.5,
+        help="search: benchmark seconds per shape in its first rung (doubled per rung)",
+    )
+    run.add_argument("--output", help="where to write the best kernel (default: the run's folder in the data folder)")
+    _common(run)
+    run.set_defaults(handler=_run)
+
+    resume = sub.add_parser("resume", help="continue an interrupted (or extend a finished) run")
+    resume.add_argument("run_id", type=int, metavar="RUN_ID")
+    _common(resume)
+    resume.set_defaults(handler=_resume)

@@ -1,0 +1,1 @@
+"""Language-model clients: OpenAI-compatible chat completions and Anthropic Messages, behind one interface."""

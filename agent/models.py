@@ -1,0 +1,162 @@
+"""What crosses the agent's internal boundaries: the run's configuration, a proposal, its outcome.
+
+A proposer hands the loop `Proposal`s (or `ProposerDone`); the loop turns each into an attempt through
+the service and hands back an `Outcome`. `AgentRunConfig` is stored with the run (POST /v1/runs
+`config`), which is what `kernelloop agent resume` reads back.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from tools.jobs import EvalOptions
+from tools.results import Backend, BenchmarkResult, PhaseResult, PhaseResultAny, Status, TestResult
+
+ToolName = Literal["compile_kernel", "run_tests", "benchmark", "evaluate"]
+ProposerName = Literal["llm", "search", "replay"]
+ApiStyle = Literal["openai", "anthropic"]
+
+TOOL_ENDPOINTS: dict[str, str] = {
+    "compile_kernel": "/v1/compile",
+    "run_tests": "/v1/test",
+    "benchmark": "/v1/benchmark",
+    "evaluate": "/v1/evaluate",
+}
+
+
+class LlmConfig(BaseModel):
+    """Where the language model is and how to talk to it. The key itself is never stored, only where it comes from."""
+
+    api: ApiStyle = "openai"
+    base_url: str
+    model: str
+    api_key_env: str | None = Field(None, description="environment variable holding the API key")
+    max_tokens: int = Field(8192, ge=256)
+    temperature: float | None = None
+    context_chars: int = Field(
+        120_000, ge=8_000, description="conversation size kept before older turns are summarized"
+    )
+    timeout_s: float = Field(300.0, gt=0, description="one model call")
+    max_retries: int = Field(5, ge=0, le=20, description="retries on 429, 5xx and dropped connections")
+
+
+class AgentRunConfig(BaseModel):
+    """One run's settings, kept with the run so that it can be resumed."""
+
+    problem: str
+    backend: Backend | None = Field(None, description="None until the runner asks the service for its default")
+    proposer: ProposerName
+    iterations: int | None = Field(None, ge=1, description="attempts (proposals) in all; None: until the time budget")
+    time_budget_s: float | None = Field(None, gt=0, description="no new proposal after this many seconds of the run")
+    parallel: int = Field(1, ge=1, le=64, description="trajectories sharing one service")
+    seed: int = 0
+    llm: LlmConfig | None = None
+    transcript: str | None = Field(None, description="replay: the recorded transcript's path")
+    search_time_budget_s: float = Field(0.5, gt=0, le=60, description="search: benchmark seconds per shape, first rung")
+    max_tool_errors: int = Field(
+        3, ge=1, description="llm: replies in a row without a usable tool call before a trajectory ends"
+    )
+    regression_reset: int = Field(
+        3, ge=1, description="llm: regressions in a row before the conversation restarts from the best"
+    )
+    output: str | None = Field(None, description="where the best kernel is written; default: inside the data folder")
+
+
+class Proposal(BaseModel):
+    """One kernel to evaluate, and why."""
+
+    code: str
+    tool: ToolName = "evaluate"
+    rationale: str = ""
+    label: str = Field("", description="a few words for the progress line, e.g. 'cpu_blocked OB=8 TB=32'")
+    parent_attempt_id: int | None = Field(None, description="None: the loop uses the trajectory's current base")
+    options: EvalOptions | None = None
+    tool_call_id: str | None = Field(None, description="llm: the model's tool call this answers")
+    key: str | None = Field(
+        None, description="the proposer's own name for this candidate (search: template and params)"
+    )
+
+
+class ProposerDone(BaseModel):
+    """A trajectory has nothing more to propose; `failed` when it ended on an error the user must fix."""
+
+    reason: str
+    failed: bool = False
+
+
+class Outcome(BaseModel):
+    """What one proposal came to, as the service measured it."""
+
+    step: int
+    trajectory: int
+    tool: ToolName
+    attempt_id: int | None = None
+    parent_attempt_id: int | None = None
+    job_id: int | None = None
+    status: str = Field(description="the tool's Status value, or service_error")
+    message: str = ""
+    results: list[PhaseResultAny] = []
+    correct: bool | None = Field(None, description="run_tests passed (None: not tested in this step)")
+    speedup: float | None = Field(None, description="geometric-mean speedup of a passed benchmark in this step")
+    seconds: float = 0.0
+    service_error: str | None = None
+    regressed: bool = Field(False, description="worse than the best so far: the trajectory returns to the best")
+    best_attempt_id: int | None = None
+    best_speedup: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == Status.passed.value
+
+
+def outcome_fields(results: list[PhaseResult]) -> tuple[str, str, bool | None, float | None]:
+    """(status, message, correct, speedup) from a job's verdicts, in step order."""
+    if not results:
+        return "service_error", "the job returned no verdict", None, None
+    last = results[-1]
+    correct = None
+    speedup = None
+    for result in results:
+        if isinstance(result, TestResult) and (result.compile is None or result.compile.ok):
+            correct = result.ok
+        if isinstance(result, BenchmarkResult) and result.ok and result.geomean_speedup:
+            speedup = result.geomean_speedup
+    return last.status.value, last.message, correct, speedup
+
+
+class AttemptLine(BaseModel):
+    """One row of the run's table."""
+
+    step: int
+    trajectory: int
+    attempt_id: int | None
+    parent_attempt_id: int | None
+    tool: ToolName
+    label: str
+    status: str
+    correct: bool | None
+    speedup: float | None
+    seconds: float
+
+
+class RunSummary(BaseModel):
+    run_id: int
+    problem: str
+    backend: Backend
+    proposer: str
+    status: Literal["finished", "interrupted", "failed"]
+    reason: str
+    steps: int
+    attempts: list[AttemptLine]
+    first_speedup: float | None = Field(None, description="the first correct, benchmarked attempt's speedup")
+    best_attempt_id: int | None = None
+    best_speedup: float | None = None
+    best_path: str | None = None
+    best_per_shape: dict[str, tuple[str, float]] = Field(
+        {}, description="search: per benchmark shape, the fastest candidate's label and its speedup"
+    )
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0

@@ -1,0 +1,1 @@
+"""The proposers: where the next kernel comes from (llm, search, replay)."""

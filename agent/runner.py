@@ -1,0 +1,283 @@
+"""Start or resume a run against a service: check the problem and backend, build the proposer, run the loop.
+
+Everything that can be wrong before the first attempt (unknown problem, no GPU for the cuda backend, no
+model or no API key for the llm proposer, an unreadable transcript, a service that does not answer) ends
+here with a `RunRefused` that says what to do; nothing is recorded for it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from agent.llm.factory import make_chat_client
+from agent.llm.types import ToolDefinition
+from agent.loop import LoopMemory, RunLoop
+from agent.models import AgentRunConfig, RunSummary
+from agent.progress import Progress
+from agent.prompt import describe_device, system_prompt
+from agent.proposers.base import Proposer
+from agent.proposers.llm import LlmProposer
+from agent.proposers.replay import ReplayProposer, TranscriptError
+from agent.proposers.search import SearchProposer
+from agent.service_client import ServiceClient, ServiceFailure
+from server.schemas import Health
+from storage.models import ProblemCreate, ProblemDetail, RunCreate, RunPublic, RunStatus, RunUpdate
+from tools.settings import Settings
+
+
+class RunRefused(BaseModel):
+    """The run could not start (or resume); nothing was recorded."""
+
+    message: str
+
+
+def runs_dir(settings: Settings, run_id: int) -> Path:
+    return settings.data_dir.resolve() / "runs" / f"run-{run_id}"
+
+
+def best_kernel_path(config: AgentRunConfig, settings: Settings, run_id: int) -> Path:
+    if config.output:
+        return Path(config.output)
+    return runs_dir(settings, run_id) / f"best_{config.problem}_{config.backend}.py"
+
+
+async def _check_service(client: ServiceClient) -> Health | RunRefused:
+    health = await client.health()
+    if isinstance(health, ServiceFailure):
+        return RunRefused(message=f"the service is not usable: {health}")
+    return health
+
+
+def problem_name_for_file(path: Path) -> str:
+    """A registrable name for a KernelBench file: its stem (its folder's name for a problem.py), lower-case,
+    [a-z0-9_] only, starting with a letter."""
+    stem = path.resolve().parent.name if path.name == "problem.py" else path.stem
+    name = re.sub(r"[^a-z0-9_]", "_", stem.lower()).strip("_") or "problem"
+    return (name if name[0].isalpha() else f"p_{name}")[:64]
+
+
+async def _problem(client: ServiceClient, name: str) -> ProblemDetail | RunRefused:
+    """A problem the service knows, by name; or a KernelBench file, registered with the service first."""
+    path = Path(name)
+    if name.endswith(".py") and path.is_file():
+        registered = await client.register_problem(
+            ProblemCreate(name=problem_name_for_file(path), source=path.read_text())
+        )
+        if isinstance(registered, ServiceFailure):
+            return RunRefused(message=f"{path} could not be registered as a problem: {registered}")
+        return registered
+    problem = await client.problem(name)
+    if isinstance(problem, ServiceFailure):
+        if problem.status_code == 404:
+            return RunRefused(message=f"unknown problem {name!r}: {problem.fix or problem.message}")
+        return RunRefused(message=f"the problem {name!r} could not be read: {problem}")
+    return problem
+
+
+async def build_proposer(
+    config: AgentRunConfig,
+    client: ServiceClient,
+    problem: ProblemDetail,
+    settings: Settings,
+    run_id: int | None,
+    service_is_local: bool,
+    state: dict | None = None,
+) -> Proposer | RunRefused:
+    if config.proposer == "search":
+        reason = SearchProposer.unavailable_reason(config)
+        if reason is not None:
+            return RunRefused(message=reason)
+        return SearchProposer(config, state=state)
+    if config.proposer == "replay":
+        if not config.transcript:
+            return RunRefused(
+                message="the replay proposer needs --transcript PATH (e.g. shared/seed/agent_transcript.txt)"
+            )
+        try:
+            return ReplayProposer(config.transcript, state=state)
+        except TranscriptError as exc:
+            return RunRefused(message=str(exc))
+    assert config.llm is not None and config.backend is not None
+    catalog = await client.tools("openai")
+    if isinstance(catalog, ServiceFailure):
+        return RunRefused(message=f"the service's tool definitions could not be read: {catalog}")
+    tools = [
+        ToolDefinition(
+            name=t["function"]["name"], description=t["function"]["description"], parameters=t["function"]["parameters"]
+        )
+        for t in catalog.tools
+    ]
+    devices = await client.devices()
+    device = describe_device(config.backend, None if isinstance(devices, ServiceFailure) else devices, service_is_local)
+    transcripts = runs_dir(settings, run_id) if run_id is not None else None
+    return LlmProposer(
+        config,
+        make_chat_client(config.llm, settings),
+        problem,
+        system_prompt(problem, config.backend, device),
+        tools,
+        transcript_dir=transcripts,
+        state=state,
+    )
+
+
+async def start_run(
+    config: AgentRunConfig, client: ServiceClient, settings: Settings, progress: Progress, *, service_is_local: bool
+) -> RunSummary | RunRefused:
+    health = await _check_service(client)
+    if isinstance(health, RunRefused):
+        return health
+    problem = await _problem(client, config.problem)
+    if isinstance(problem, RunRefused):
+        return problem
+    config = config.model_copy(update={"problem": problem.name})
+    backend = config.backend or health.default_backend
+    if backend == "cuda" and health.lanes.get("gpu", 0) == 0:
+        return RunRefused(
+            message="the cuda backend needs a GPU and the service has none: use --backend cpu, or "
+            "--server URL of a service with a GPU"
+        )
+    config = config.model_copy(update={"backend": backend})
+    if not any(backend in s.backends and s.benchmark for s in problem.shapes):
+        return RunRefused(message=f"{problem.name} has no benchmark shape for the {backend} backend")
+    # a proposer that cannot start refuses before the run exists
+    probe = await build_proposer(config, client, problem, settings, None, service_is_local)
+    if isinstance(probe, RunRefused):
+        return probe
+    await probe.aclose()
+    model = config.llm.model if config.proposer == "llm" and config.llm else None
+    run = await client.create_run(
+        RunCreate(
+            problem=config.problem,
+            proposer=config.proposer,
+            model=model,
+            backend=backend,
+            name=f"agent {config.proposer} on {config.problem}",
+            config=config.model_dump(mode="json"),
+        )
+    )
+    if isinstance(run, ServiceFailure):
+        return RunRefused(message=f"the service did not create the run: {run}")
+    proposer = await build_proposer(config, client, problem, settings, run.id, service_is_local)
+    assert not isinstance(proposer, RunRefused)
+    for error in getattr(proposer, "template_errors", []):
+        progress.note(error)
+    progress.note(
+        f"run {run.id}: {config.problem} on {backend}, proposer {proposer.name}, "
+        + _budget_text(config)
+        + f", service {client.base_url}"
+    )
+    return await _loop(config, client, proposer, run, settings, progress, LoopMemory(), [])
+
+
+async def resume_run(
+    run_id: int,
+    client: ServiceClient,
+    settings: Settings,
+    progress: Progress,
+    *,
+    service_is_local: bool,
+    iterations: int | None = None,
+    time_budget_s: float | None = None,
+) -> RunSummary | RunRefused:
+    health = await _check_service(client)
+    if isinstance(health, RunRefused):
+        return health
+    run = await client.run(run_id)
+    if isinstance(run, ServiceFailure):
+        return RunRefused(
+            message=f"run {run_id} could not be read: {run}"
+            + (
+                ""
+                if run.status_code != 404
+                else "; `kernelloop history runs` lists the runs of this database (give --server for another service)"
+            )
+        )
+    try:
+        config = AgentRunConfig.model_validate(run.config)
+    except ValueError:
+        return RunRefused(
+            message=f"run {run_id} was not started by `kernelloop agent run` (its config is not an agent's): "
+            "start a new run instead"
+        )
+    memory = LoopMemory.model_validate(run.meta.get("agent", {}))
+    updates = {}
+    if iterations is not None:
+        updates["iterations"] = memory.steps + iterations
+    if time_budget_s is not None:
+        updates["time_budget_s"] = memory.seconds + time_budget_s
+    config = config.model_copy(update=updates)
+    if run.status == RunStatus.finished and not updates:
+        return RunRefused(
+            message=f"run {run_id} is finished ({run.notes or 'its budget was spent'}); give --iterations N "
+            "or --time-budget S to continue it further"
+        )
+    if config.proposer == "llm" and config.llm is not None:
+        from agent.llm.factory import api_key, is_private_url
+
+        if api_key(config.llm, settings) is None and not is_private_url(config.llm.base_url):
+            return RunRefused(
+                message=f"run {run_id} uses {config.llm.model} at {config.llm.base_url} and "
+                f"${config.llm.api_key_env} is not set: export it and resume again"
+            )
+    problem = await _problem(client, config.problem)
+    if isinstance(problem, RunRefused):
+        return problem
+    history = await client.run_attempts(run_id)
+    if isinstance(history, ServiceFailure):
+        return RunRefused(message=f"the attempts of run {run_id} could not be read: {history}")
+    proposer = await build_proposer(config, client, problem, settings, run_id, service_is_local, memory.proposer_state)
+    if isinstance(proposer, RunRefused):
+        return proposer
+    reopened = await client.update_run(
+        run_id, RunUpdate(status=RunStatus.active, notes=f"resumed after: {run.notes or run.status.value}")
+    )
+    if isinstance(reopened, ServiceFailure):
+        return RunRefused(message=f"run {run_id} could not be reopened: {reopened}")
+    progress.note(
+        f"run {run_id} resumed: {len(history)} attempts and {memory.steps} steps so far, "
+        f"proposer {proposer.name}, " + _budget_text(config)
+    )
+    return await _loop(config, client, proposer, reopened, settings, progress, memory, history)
+
+
+async def _loop(
+    config: AgentRunConfig,
+    client: ServiceClient,
+    proposer: Proposer,
+    run: RunPublic,
+    settings: Settings,
+    progress: Progress,
+    memory: LoopMemory,
+    history: list,
+) -> RunSummary:
+    loop = RunLoop(
+        config,
+        client,
+        proposer,
+        run.id,
+        progress,
+        memory=memory,
+        history=history,
+        best_path=best_kernel_path(config, settings, run.id),
+    )
+    try:
+        await loop.load_codes()
+        summary = await loop.run()
+    finally:
+        await proposer.aclose()
+    progress.summary(summary)
+    return summary
+
+
+def _budget_text(config: AgentRunConfig) -> str:
+    parts = []
+    if config.iterations is not None:
+        parts.append(f"{config.iterations} iterations")
+    if config.time_budget_s is not None:
+        parts.append(f"{config.time_budget_s:g} s")
+    budget = " and ".join(parts) or "no budget (until the proposer is done)"
+    return f"budget {budget}, {config.parallel} trajector{'y' if config.parallel == 1 else 'ies'}"

@@ -1,0 +1,287 @@
+"""The agent's view of the kernelloop service: its HTTP API over httpx, answers parsed into the API's models.
+
+Every call returns the parsed answer or a `ServiceFailure` that says what happened and what to do; a
+dropped connection, a 429 or a 5xx is retried a few times first, so a service that restarts under a
+run does not end it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from agent.models import TOOL_ENDPOINTS, ToolName
+from server.schemas import DevicesReport, Health, ToolsCatalog
+from storage.models import (
+    TERMINAL_JOB_STATUSES,
+    AttemptDetail,
+    AttemptSummary,
+    JobEventPublic,
+    JobPublic,
+    Page,
+    ProblemCreate,
+    ProblemDetail,
+    RunCreate,
+    RunPublic,
+    RunUpdate,
+    SubmissionRequest,
+)
+
+T = TypeVar("T")
+EventWatcher = Callable[[JobEventPublic], Awaitable[None] | None]
+EVENT_READ_TIMEOUT_S = 120.0  # the service sends a keep-alive every 15 s
+
+
+class ServiceFailure(BaseModel):
+    """A call to the service that did not succeed."""
+
+    kind: Literal["unreachable", "rejected", "server_error", "bad_response", "timeout"]
+    message: str
+    fix: str = ""
+    status_code: int | None = None
+
+    def __str__(self) -> str:
+        return self.message + (f"; {self.fix}" if self.fix else "")
+
+
+class ServiceClient:
+    """One service, one httpx connection pool. Use `async with ServiceClient(url) as client`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        retries: int = 4,
+        poll_s: float = 0.5,
+        request_timeout_s: float = 60.0,
+    ):
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=request_timeout_s)
+        self.retries, self.poll_s = retries, poll_s
+
+    async def __aenter__(self) -> ServiceClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    # ------------------------------------------------------------------------------------- transport
+    async def _call(
+        self, method: str, path: str, answer: Any, *, json: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
+        """Send one request (retrying dropped connections, 429 and 5xx) and parse the answer into `answer`."""
+        failure: ServiceFailure | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
+            try:
+                response = await self._http.request(method, path, json=json, params=params)
+            except httpx.TimeoutException as exc:
+                failure = ServiceFailure(
+                    kind="timeout",
+                    message=f"{method} {self.base_url}{path} timed out ({type(exc).__name__})",
+                    fix="the service is overloaded or hung: check its log, then resume the run",
+                )
+                continue
+            except httpx.TransportError as exc:
+                failure = ServiceFailure(
+                    kind="unreachable",
+                    message=f"the service at {self.base_url} did not answer "
+                    f"{method} {path}: {type(exc).__name__}: {exc}".rstrip(": "),
+                    fix="start it (kernelloop serve) or leave out --server to run one embedded; "
+                    "then `kernelloop agent resume RUN_ID` continues the run",
+                )
+                continue
+            if response.status_code == 429:
+                wait = _retry_after(response, default=5.0)
+                failure = _rejected(response)
+                await asyncio.sleep(min(wait, 60.0))
+                continue
+            if response.status_code >= 500:
+                failure = ServiceFailure(
+                    kind="server_error",
+                    status_code=response.status_code,
+                    message=f"the service failed on {method} {path} ({response.status_code}): {response.text[:300]}",
+                    fix="a bug or an outage in the service: see its log; resume the run once it is fixed",
+                )
+                continue
+            if response.status_code >= 400:
+                return _rejected(response)
+            try:
+                return TypeAdapter(answer).validate_json(response.content)
+            except ValidationError as exc:
+                return ServiceFailure(
+                    kind="bad_response",
+                    status_code=response.status_code,
+                    message=f"{method} {path} answered something this agent cannot read: {exc.errors()[:1]}",
+                    fix="the agent and the service are different versions: update both",
+                )
+        assert failure is not None
+        return failure
+
+    # ---------------------------------------------------------------------------------------- reads
+    async def health(self) -> Health | ServiceFailure:
+        return await self._call("GET", "/v1/health", Health)
+
+    async def problem(self, name: str) -> ProblemDetail | ServiceFailure:
+        return await self._call("GET", f"/v1/problems/{name}", ProblemDetail)
+
+    async def devices(self) -> DevicesReport | ServiceFailure:
+        return await self._call("GET", "/v1/devices", DevicesReport)
+
+    async def tools(self, style: Literal["openai", "anthropic"] = "openai") -> ToolsCatalog | ServiceFailure:
+        return await self._call("GET", "/v1/tools", ToolsCatalog, params={"format": style})
+
+    async def run(self, run_id: int) -> RunPublic | ServiceFailure:
+        return await self._call("GET", f"/v1/runs/{run_id}", RunPublic)
+
+    async def attempt(self, attempt_id: int) -> AttemptDetail | ServiceFailure:
+        return await self._call("GET", f"/v1/attempts/{attempt_id}", AttemptDetail)
+
+    async def run_attempts(self, run_id: int) -> list[AttemptSummary] | ServiceFailure:
+        """Every attempt of the run, oldest first."""
+        items: list[AttemptSummary] = []
+        while True:
+            page = await self._call(
+                "GET",
+                "/v1/attempts",
+                Page[AttemptSummary],
+                params={"run_id": run_id, "sort": "id", "order": "asc", "limit": 500, "offset": len(items)},
+            )
+            if isinstance(page, ServiceFailure):
+                return page
+            items += page.items
+            if not page.items or len(items) >= page.total:
+                return items
+
+    async def job(self, job_id: int) -> JobPublic | ServiceFailure:
+        return await self._call("GET", f"/v1/jobs/{job_id}", JobPublic)
+
+    # --------------------------------------------------------------------------------------- writes
+    async def create_run(self, request: RunCreate) -> RunPublic | ServiceFailure:
+        return await self._call("POST", "/v1/runs", RunPublic, json=request.model_dump(mode="json"))
+
+    async def register_problem(self, request: ProblemCreate) -> ProblemDetail | ServiceFailure:
+        """Register a KernelBench-format file (checked in the service's sandbox); the same file again is fine."""
+        return await self._call("POST", "/v1/problems", ProblemDetail, json=request.model_dump(mode="json"))
+
+    async def update_run(self, run_id: int, update: RunUpdate) -> RunPublic | ServiceFailure:
+        return await self._call(
+            "PATCH", f"/v1/runs/{run_id}", RunPublic, json=update.model_dump(mode="json", exclude_none=True)
+        )
+
+    async def submit(
+        self,
+        tool: ToolName,
+        request: SubmissionRequest,
+        *,
+        on_event: EventWatcher | None = None,
+        timeout_s: float = 7200.0,
+    ) -> JobPublic | ServiceFailure:
+        """Queue the tool's job (wait=false), follow its event stream until it ends, and return the finished job.
+
+        Where the stream cannot be followed (a proxy that buffers it, a dropped connection), the job is polled."""
+        job = await self._call(
+            "POST",
+            TOOL_ENDPOINTS[tool],
+            JobPublic,
+            json=request.model_dump(mode="json", exclude_none=True),
+            params={"wait": "false"},
+        )
+        if isinstance(job, ServiceFailure):
+            return job
+        if job.status not in TERMINAL_JOB_STATUSES:
+            await self._follow_events(job.id, on_event, timeout_s)
+        return await self._poll(job, timeout_s)
+
+    async def _follow_events(self, job_id: int, on_event: EventWatcher | None, timeout_s: float) -> None:
+        """Read GET /v1/jobs/{id}/events until `finished` or `failed`; any trouble just ends the following."""
+        deadline = time.monotonic() + timeout_s
+        fields: dict[str, str] = {}
+        try:
+            async with self._http.stream(
+                "GET", f"/v1/jobs/{job_id}/events", timeout=httpx.Timeout(60.0, read=EVENT_READ_TIMEOUT_S)
+            ) as response:
+                if response.status_code != 200:
+                    return
+                async for line in response.aiter_lines():
+                    if time.monotonic() > deadline:
+                        return
+                    if line.startswith(":"):
+                        continue
+                    if line:
+                        name, _, value = line.partition(":")
+                        fields[name] = value.lstrip(" ")
+                        continue
+                    data, fields = fields.get("data"), {}
+                    if data is None:
+                        continue
+                    try:
+                        event = JobEventPublic.model_validate_json(data)
+                    except ValidationError:
+                        continue
+                    await _notify(on_event, event)
+                    if event.type in ("finished", "failed"):
+                        return
+        except (httpx.TransportError, httpx.HTTPStatusError):
+            return
+
+    async def _poll(self, job: JobPublic, timeout_s: float) -> JobPublic | ServiceFailure:
+        deadline = time.monotonic() + timeout_s
+        first = True
+        while first or job.status not in TERMINAL_JOB_STATUSES:
+            if time.monotonic() > deadline:
+                return ServiceFailure(
+                    kind="timeout",
+                    message=f"job {job.id} did not finish within {timeout_s:.0f} s (status {job.status.value})",
+                    fix=f"follow it with GET /v1/jobs/{job.id}",
+                )
+            if not first:
+                await asyncio.sleep(self.poll_s)
+            first = False
+            latest = await self._call("GET", f"/v1/jobs/{job.id}", JobPublic)
+            if isinstance(latest, ServiceFailure):
+                return latest
+            latest.reused_attempt = job.reused_attempt
+            job = latest
+        return job
+
+
+async def _notify(watcher: EventWatcher | None, event: JobEventPublic) -> None:
+    if watcher is not None:
+        maybe = watcher(event)
+        if maybe is not None:
+            await maybe
+
+
+def _retry_after(response: httpx.Response, default: float) -> float:
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", default)))
+    except ValueError:
+        return default
+
+
+def _rejected(response: httpx.Response) -> ServiceFailure:
+    """A 4xx: the service's ErrorBody names the field and the fix."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    message = body.get("message") or response.text[:300] or response.reason_phrase
+    field = f" ({body['field']})" if body.get("field") else ""
+    return ServiceFailure(
+        kind="rejected",
+        status_code=response.status_code,
+        message=f"{response.status_code} {body.get('error', 'error')}{field}: {message}",
+        fix=body.get("fix", ""),
+    )
