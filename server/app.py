@@ -1,0 +1,74 @@
+"""The FastAPI app: `create_app(settings)` wires storage, the scheduler and the routes together.
+
+At start-up it opens (and if need be creates or upgrades) the database, refreshes the problems,
+re-queues jobs a previous run left running, and starts one lane per CPU worker and per GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from server import errors
+from server.devices import gpu_lane_ids
+from server.executor import Executor, LocalExecutor
+from server.limits import BodySizeLimit, LoopbackOnly
+from server.routes import history, jobs, meta, problems, tools
+from server.service import Service
+from storage.database import open_database, sqlite_path
+from tools.sandbox import available_isolation
+from tools.settings import Settings
+
+log = logging.getLogger("kernelloop.server")
+
+
+class ConfigError(RuntimeError):
+    """The service cannot start with these settings; the message says which and what to do."""
+
+
+def check_settings(settings: Settings) -> None:
+    """Refuse settings that would let sandboxed code read the database."""
+    db_file = sqlite_path(settings.resolved_database_url)
+    data_dir = settings.data_dir.resolve()
+    if db_file is not None and not db_file.is_relative_to(data_dir):
+        raise ConfigError(
+            f"the database {db_file} is outside the data folder {data_dir}, the one folder the sandbox hides from "
+            f"submitted code: put it inside (e.g. --db {data_dir / db_file.name}) or set KERNELLOOP_DATA_DIR to "
+            f"{db_file.parent}")
+    problems_dir = settings.problems_dir.resolve()
+    if problems_dir.is_relative_to(data_dir):
+        raise ConfigError(f"KERNELLOOP_PROBLEMS_DIR ({problems_dir}) is inside the data folder {data_dir}, which the "
+                          "sandbox hides, so workers could not import registered problems: put it elsewhere")
+
+
+def create_app(settings: Settings, executor: Executor | None = None) -> FastAPI:
+    check_settings(settings)
+    engine = open_database(settings.resolved_database_url)
+    executor = executor or LocalExecutor(settings, gpu_lane_ids(settings))
+    service = Service(settings, engine, executor)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        isolation = available_isolation(settings.isolation)
+        if isolation != "bubblewrap":
+            log.warning("sandbox isolation is %r: submitted code can read this host's files, the database included; "
+                        "install bubblewrap for a read-only view with the data folder hidden", isolation)
+        service.start()
+        try:
+            yield
+        finally:
+            service.stop()
+            engine.dispose()
+
+    app = FastAPI(title="kernelloop", version=meta.package_version(), lifespan=lifespan,
+                  description="Build, test and time GPU kernels (KernelBench format) honestly, and keep the history.")
+    app.state.service = service
+    errors.install(app)
+    for router in (tools.router, jobs.router, problems.router, history.router, meta.router):
+        app.include_router(router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(LoopbackOnly, enabled=settings.api_token is None)
+    return app

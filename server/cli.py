@@ -1,0 +1,243 @@
+"""`kernelloop serve` and `kernelloop history runs|attempts|show ID|best`.
+
+`serve` runs the service with uvicorn. Without an API token it listens on loopback only, and says so.
+`history` reads the database directly (the same queries as the API), so it works with the service
+stopped; `--db` takes a file path or any SQLAlchemy URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from sqlmodel import Session
+
+from server.limits import is_loopback
+from storage import history, problems
+from storage.database import SchemaError, database_url, describe_url, open_database
+from storage.models import AttemptFilter, AttemptStatus, RunStatus
+from tools.settings import Settings
+
+
+def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
+    overrides: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
+    if getattr(args, "data_dir", None):
+        overrides["data_dir"] = Path(args.data_dir)
+    if getattr(args, "db", None):
+        overrides["database_url"] = database_url(args.db)
+    return Settings(**overrides)
+
+
+# ------------------------------------------------------------------------------------------ serve
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from server.app import ConfigError, create_app
+
+    settings = _settings(args, host=args.host, port=args.port, cpu_workers=args.cpu_workers)
+    if settings.api_token is None and not is_loopback(settings.host):
+        print(f"kernelloop serve: refusing to listen on {settings.host} without an API token: set "
+              "KERNELLOOP_API_TOKEN (every state-changing call then needs it), or listen on 127.0.0.1", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = create_app(settings)
+    except (ConfigError, SchemaError) as exc:
+        print(f"kernelloop serve: {exc}", file=sys.stderr)
+        return 2
+    if settings.api_token is None:
+        print(f"kernelloop: no API token set (KERNELLOOP_API_TOKEN): state-changing calls are open, so the service "
+              f"listens on loopback only, http://{settings.host}:{settings.port}", flush=True)
+    else:
+        print(f"kernelloop: API token set: POST and PATCH need 'Authorization: Bearer <token>'; "
+              f"listening on http://{settings.host}:{settings.port}", flush=True)
+    print(f"kernelloop: database {describe_url(settings.resolved_database_url)}; data folder {settings.data_dir.resolve()}",
+          flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- history
+
+def _open(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    return open_database(_settings(args).resolved_database_url, create=False)
+
+
+def _print_json(value: BaseModel | list[BaseModel]) -> None:
+    if isinstance(value, list):
+        print(json.dumps([v.model_dump(mode="json") for v in value], indent=2))
+    else:
+        print(value.model_dump_json(indent=2))
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _when(value: Any) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _history_runs(args: argparse.Namespace) -> int:
+    engine = _open(args)
+    with Session(engine) as session:
+        problem_id = None
+        if args.problem:
+            row = problems.get_problem(session, args.problem)
+            if row is None:
+                print(f"kernelloop history: unknown problem {args.problem!r}", file=sys.stderr)
+                return 2
+            problem_id = row.id
+        page = history.list_runs(session, problem_id=problem_id, status=RunStatus(args.status) if args.status else None,
+                                 limit=args.limit)
+    if args.json:
+        _print_json(page)
+        return 0
+    print(f"{'run':>5}  {'problem':22} {'status':11} {'attempts':>8} {'best':>8}  {'proposer':14} {'started':19}  name")
+    for run in page.items:
+        print(f"{run.id:>5}  {run.problem:22} {run.status.value:11} {run.attempts:>8} {_fmt(run.best_speedup):>8}  "
+              f"{(run.proposer or '-'):14} {_when(run.created_at):19}  {run.name or ''}")
+    print(f"{len(page.items)} of {page.total} runs")
+    return 0
+
+
+def _history_attempts(args: argparse.Namespace) -> int:
+    engine = _open(args)
+    f = AttemptFilter(problem=args.problem, run_id=args.run, status=AttemptStatus(args.status) if args.status else None,
+                      backend=args.backend, min_speedup=args.min_speedup, sort=args.sort, order=args.order,
+                      limit=args.limit, offset=args.offset)
+    with Session(engine) as session:
+        page = history.list_attempts(session, f)
+    if args.json:
+        _print_json(page)
+        return 0
+    print(f"{'id':>6} {'run':>5} {'step':>4} {'parent':>6}  {'problem':20} {'backend':7} {'stage':9} {'status':17} "
+          f"{'correct':7} {'speedup':>8}  {'proposer':12} created")
+    for a in page.items:
+        correct = "-" if a.correct is None else ("yes" if a.correct else "no")
+        print(f"{a.id:>6} {a.run_id or '-':>5} {a.step if a.step is not None else '-':>4} {a.parent_id or '-':>6}  "
+              f"{a.problem:20} {a.backend:7} {a.stage or '-':9} {a.status.value:17} {correct:7} {_fmt(a.speedup):>8}  "
+              f"{a.proposer[:12]:12} {_when(a.created_at)}")
+    print(f"{len(page.items)} of {page.total} attempts")
+    return 0
+
+
+def _history_show(args: argparse.Namespace) -> int:
+    engine = _open(args)
+    with Session(engine) as session:
+        detail = history.attempt_detail(session, args.id)
+    if detail is None:
+        print(f"kernelloop history show: no attempt {args.id} (kernelloop history attempts lists them)", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json(detail)
+        return 0
+    print(f"attempt {detail.id}: {detail.problem} on {detail.backend}, {detail.status.value}"
+          + (f", speedup {detail.speedup:.3f}x" if detail.speedup else "") + (f" on {detail.device}" if detail.device else ""))
+    print(f"  run {detail.run_id or '-'}, step {detail.step if detail.step is not None else '-'}, parent "
+          f"{detail.parent_id or '-'}, proposed by {detail.proposer}, from {detail.client or '-'}, {_when(detail.created_at)}")
+    if detail.rationale:
+        print(f"  why: {detail.rationale}")
+    print(f"  code: {detail.code_bytes} bytes, sha256 {detail.code_sha256[:16]}")
+    for e in detail.evaluations:
+        took = f"{(e.finished_at - e.started_at).total_seconds():.1f} s" if e.started_at and e.finished_at else "-"
+        print(f"  [{e.id}] {e.kind:9} {e.status.value:17} {took:>8}  {e.device or '-'}"
+              + (f"  speedup {e.speedup:.3f}x" if e.speedup else "") + (f"  {e.message[:100]}" if e.message else ""))
+        diagnostics = getattr(e.result, "diagnostics", None) or getattr(getattr(e.result, "compile", None), "diagnostics", [])
+        for d in (diagnostics or [])[:5]:
+            print(f"      {d.severity} line {d.line or '?'}: {d.message[:120]}")
+    if args.code:
+        print("----- code -----")
+        print(detail.code)
+    return 0
+
+
+def _history_best(args: argparse.Namespace) -> int:
+    engine = _open(args)
+    with Session(engine) as session:
+        if args.problem:
+            row = problems.get_problem(session, args.problem)
+            if row is None:
+                print(f"kernelloop history best: unknown problem {args.problem!r}", file=sys.stderr)
+                return 2
+            entries = history.leaderboard(session, problem_id=row.id, backend=args.backend, limit=args.limit)
+        else:
+            entries = history.leaderboard(session, backend=args.backend)
+    if args.json:
+        _print_json(entries)
+        return 0
+    if not entries:
+        print("no correct, benchmarked attempt yet")
+        return 0
+    print(f"{'rank':>4}  {'problem':22} {'attempt':>7} {'run':>5} {'backend':7} {'speedup':>8}  {'proposer':14} device")
+    for e in entries:
+        print(f"{e.rank:>4}  {e.problem:22} {e.attempt_id:>7} {e.run_id or '-':>5} {e.backend:7} {e.speedup:>8.3f}  "
+              f"{e.proposer[:14]:14} {e.device or '-'}")
+    return 0
+
+
+def _guarded(handler):  # type: ignore[no-untyped-def]
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except SchemaError as exc:
+            print(f"kernelloop history: {exc}", file=sys.stderr)
+            return 2
+    return run
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    serve = subparsers.add_parser("serve", help="run the HTTP service (tools API, job queue, history)")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1; another needs KERNELLOOP_API_TOKEN)")
+    serve.add_argument("--port", type=int, help="default 8000")
+    serve.add_argument("--db", help="database: a SQLite file inside the data folder, or a SQLAlchemy URL")
+    serve.add_argument("--data-dir", help="data folder: database, build cache, job folders (default .kernelloop)")
+    serve.add_argument("--cpu-workers", type=int, help="parallel CPU jobs (default: one per core)")
+    serve.set_defaults(handler=_serve)
+
+    hist = subparsers.add_parser("history", help="what was tried: runs, attempts, one attempt, the best")
+    sub = hist.add_subparsers(dest="history_command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--db", help="a SQLite file or a SQLAlchemy URL (default: the service's database)")
+        p.add_argument("--data-dir", help="data folder holding the default database")
+        p.add_argument("--json", action="store_true", help="print JSON (the API's shapes)")
+
+    runs = sub.add_parser("runs", help="runs, newest first")
+    runs.add_argument("--problem")
+    runs.add_argument("--status", choices=[s.value for s in RunStatus])
+    runs.add_argument("--limit", type=int, default=50)
+    common(runs)
+    runs.set_defaults(handler=_guarded(_history_runs))
+
+    attempts = sub.add_parser("attempts", help="attempts, filtered and sorted")
+    attempts.add_argument("--problem")
+    attempts.add_argument("--run", type=int, help="only this run's attempts")
+    attempts.add_argument("--status", choices=[s.value for s in AttemptStatus])
+    attempts.add_argument("--backend", choices=["cuda", "cpu"])
+    attempts.add_argument("--min-speedup", type=float)
+    attempts.add_argument("--sort", choices=["created", "speedup", "step", "id"], default="created")
+    attempts.add_argument("--order", choices=["asc", "desc"], default="desc")
+    attempts.add_argument("--limit", type=int, default=50)
+    attempts.add_argument("--offset", type=int, default=0)
+    common(attempts)
+    attempts.set_defaults(handler=_guarded(_history_attempts))
+
+    show = sub.add_parser("show", help="one attempt with every evaluation")
+    show.add_argument("id", type=int)
+    show.add_argument("--code", action="store_true", help="print the code too")
+    common(show)
+    show.set_defaults(handler=_guarded(_history_show))
+
+    best = sub.add_parser("best", help="the best correct attempt per problem (or a problem's top list)")
+    best.add_argument("--problem")
+    best.add_argument("--backend", choices=["cuda", "cpu"])
+    best.add_argument("--limit", type=int, default=10)
+    common(best)
+    best.set_defaults(handler=_guarded(_history_best))

@@ -1,0 +1,75 @@
+"""Where a job's step actually runs: one small interface, and the local implementation.
+
+The scheduler hands an `Executor` one step at a time on a lane; the executor runs it and returns the
+tool's result (blocking), reporting results-so-far through `on_progress`. The local executor runs the
+tools in sandboxed worker processes on this host; a cluster engine (Ray, later) implements the same
+two methods and lanes of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Protocol
+
+from pydantic import BaseModel
+
+from tools import api
+from tools.api import Progress
+from tools.jobs import EvalOptions
+from tools.problems import ProblemSpec
+from tools.results import Backend, PhaseResult
+from tools.settings import Settings
+
+StepPhase = Literal["compile", "test", "benchmark"]
+
+
+class Lane(BaseModel):
+    """A slot that runs one step at a time: a CPU worker, or one GPU."""
+
+    name: str  # cpu-0, gpu-1
+    kind: Literal["cpu", "gpu"]
+    gpu: str | None = None  # the worker's CUDA_VISIBLE_DEVICES: an index or a GPU UUID
+
+
+class StepRequest(BaseModel):
+    job_id: int
+    phase: StepPhase
+    problem: ProblemSpec
+    code: str
+    backend: Backend
+    options: EvalOptions
+
+
+class Executor(Protocol):
+    def lanes(self) -> list[Lane]:
+        """The lanes this executor offers; the scheduler runs one step at a time on each."""
+        ...
+
+    def run(self, step: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+        """Run one step on `lane` and return its verdict; never raises for anything the code does."""
+        ...
+
+
+TOOLS = {"compile": api.compile_kernel, "test": api.run_tests, "benchmark": api.benchmark}
+
+
+class LocalExecutor:
+    """Sandboxed worker processes on this host: `cpu_workers` CPU lanes and one lane per GPU.
+
+    A GPU lane's worker sees only its GPU (CUDA_VISIBLE_DEVICES), so two timings never share a device;
+    a CPU lane's worker sees no GPU at all, so builds never touch one.
+    """
+
+    def __init__(self, settings: Settings, gpus: list[str], cpu_workers: int | None = None):
+        self.settings = settings
+        count = cpu_workers or settings.cpu_workers or os.cpu_count() or 1
+        self._lanes = [Lane(name=f"cpu-{i}", kind="cpu") for i in range(count)]
+        self._lanes += [Lane(name=f"gpu-{i}", kind="gpu", gpu=gpu) for i, gpu in enumerate(gpus)]
+
+    def lanes(self) -> list[Lane]:
+        return list(self._lanes)
+
+    def run(self, step: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+        visible = lane.gpu if lane.kind == "gpu" and lane.gpu is not None else ""
+        settings = self.settings.model_copy(update={"worker_gpus": visible})
+        return TOOLS[step.phase](step.problem, step.code, step.backend, step.options, settings, on_progress)

@@ -1,0 +1,151 @@
+"""Request limits: body size, a per-client rate limit on state-changing calls, and loopback-only access
+while no API token is set."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import re
+import threading
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.errors import error_response
+from server.schemas import ErrorBody
+
+MUTATING_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def is_loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    if host in ("localhost", "testclient"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class BodySizeLimit:
+    """Answers 413 for a body over `max_bytes`, whether or not it declares its length (chunked)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    def _too_large(self) -> ErrorBody:
+        return ErrorBody(error="body_too_large", message=f"the request body is over {self.max_bytes} bytes",
+                         field="body", fix=f"send at most {self.max_bytes} bytes (code: at most KERNELLOOP_MAX_CODE_BYTES)")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in MUTATING_METHODS:
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(413, self._too_large())(scope, receive, send)
+            return
+        # read the body here (bounded), then hand it on unchanged
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await error_response(413, self._too_large())(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body, delivered = b"".join(chunks), False
+        problem = _text_problem(body)
+        if problem is not None:
+            await error_response(422, problem)(scope, receive, send)
+            return
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
+
+
+def _strings(node: Any) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [s for key, value in node.items() for s in (*_strings(key), *_strings(value))]
+    if isinstance(node, list):
+        return [s for item in node for s in _strings(item)]
+    return []
+
+
+def _text_problem(body: bytes) -> ErrorBody | None:
+    """Text no database column can hold: a NUL character, or half of a UTF-16 surrogate pair."""
+    if b"\\u0000" in body or b"\x00" in body:
+        return ErrorBody(error="invalid_text", message="the body contains a NUL character (\\u0000)", field="body",
+                         fix="remove NUL characters: no field accepts them")
+    if SURROGATE_ESCAPE.search(body):
+        try:
+            for text in _strings(json.loads(body)):
+                text.encode("utf-8")
+        except UnicodeEncodeError:
+            return ErrorBody(error="invalid_text", message="the body contains an unpaired UTF-16 surrogate (\\udXXX)",
+                             field="body", fix="send valid Unicode text")
+        except ValueError:
+            return None  # not JSON: the endpoint's own parsing says so
+    return None
+
+
+class LoopbackOnly:
+    """Without an API token nothing guards state-changing calls, so only this host may call at all."""
+
+    def __init__(self, app: ASGIApp, enabled: bool):
+        self.app, self.enabled = app, enabled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.enabled and scope["type"] == "http" and not is_loopback((scope.get("client") or (None,))[0]):
+            await error_response(403, ErrorBody(
+                error="loopback_only", message="this service has no API token, so it answers this host only",
+                fix="set KERNELLOOP_API_TOKEN on the service and send Authorization: Bearer <token>"))(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class RateLimiter:
+    """A token bucket per client: `per_minute` calls, refilled continuously. Thread-safe."""
+
+    def __init__(self, per_minute: int):
+        self.per_minute = per_minute
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, client: str) -> float | None:
+        """None if the call may go ahead, else the seconds until it may."""
+        if self.per_minute <= 0:
+            return None
+        rate = self.per_minute / 60.0
+        now = time.monotonic()
+        with self._lock:
+            tokens, last = self._buckets.get(client, (float(self.per_minute), now))
+            tokens = min(float(self.per_minute), tokens + (now - last) * rate)
+            if tokens < 1.0:
+                self._buckets[client] = (tokens, now)
+                return math.ceil((1.0 - tokens) / rate)
+            self._buckets[client] = (tokens - 1.0, now)
+            if len(self._buckets) > 10_000:  # forget clients whose bucket is full again
+                full = [k for k, (t, at) in self._buckets.items() if t + (now - at) * rate >= self.per_minute]
+                for key in full:
+                    del self._buckets[key]
+            return None

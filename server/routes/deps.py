@@ -1,0 +1,28 @@
+"""What routes take from the app: the service and a database session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from sqlmodel import Session
+
+from server.service import Service
+from storage.models import MAX_ID
+
+
+def get_service(request: Request) -> Service:
+    return request.app.state.service
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with Session(request.app.state.service.engine) as session:
+        yield session
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+SessionDep = Annotated[Session, Depends(get_session)]
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a job id")]
+AttemptId = Annotated[int, Path(ge=1, le=MAX_ID, description="an attempt id")]
+RunId = Annotated[int, Path(ge=1, le=MAX_ID, description="a run id")]

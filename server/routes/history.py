@@ -1,0 +1,111 @@
+"""The history: runs, attempts with their code and every evaluation, diffs, and the best per problem."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlmodel import Session
+
+from server.auth import MutationGuard
+from server.errors import ApiError
+from server.routes.deps import MAX_ID, AttemptId, RunId, ServiceDep, SessionDep
+from server.schemas import ErrorBody
+from storage import history
+from storage.models import (
+    Attempt,
+    AttemptDetail,
+    AttemptDiff,
+    AttemptFilter,
+    AttemptSummary,
+    LeaderboardEntry,
+    Page,
+    Run,
+    RunCreate,
+    RunPublic,
+    RunStatus,
+    RunUpdate,
+)
+from tools.results import Backend
+
+router = APIRouter(prefix="/v1", tags=["history"])
+
+MUTATION_ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 429)}
+
+
+def _run(session: Session, run_id: int) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise ApiError(404, "unknown_run", f"no run {run_id}", field="path.run_id", fix="GET /v1/runs lists the runs")
+    return run
+
+
+def _attempt(session: Session, attempt_id: int, field: str) -> Attempt:
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise ApiError(404, "unknown_attempt", f"no attempt {attempt_id}", field=field,
+                       fix="GET /v1/attempts lists the attempts")
+    return attempt
+
+
+@router.post("/runs", response_model=RunPublic, status_code=201, responses=MUTATION_ERRORS)
+def create_run(body: RunCreate, service: ServiceDep, session: SessionDep, _client: MutationGuard) -> RunPublic:
+    """Start a run: the attempts of one agent session, kept together."""
+    problem = service.problem_row(session, body.problem, "body.problem")
+    return history.run_public(session, history.create_run(session, problem, body))
+
+
+@router.get("/runs", response_model=Page[RunPublic], responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+def list_runs(service: ServiceDep, session: SessionDep, problem: Annotated[str | None, Query(max_length=200)] = None,
+              status: RunStatus | None = None, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+              offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[RunPublic]:
+    """Runs, newest first, with their attempt count and best correct speedup."""
+    problem_id = service.problem_row(session, problem, "query.problem").id if problem is not None else None
+    return history.list_runs(session, problem_id=problem_id, status=status, limit=limit, offset=offset)
+
+
+@router.get("/runs/{run_id}", response_model=RunPublic, responses={404: {"model": ErrorBody}})
+def get_run(run_id: RunId, session: SessionDep) -> RunPublic:
+    """One run; its attempts are GET /v1/attempts?run_id=..."""
+    return history.run_public(session, _run(session, run_id))
+
+
+@router.patch("/runs/{run_id}", response_model=RunPublic, responses=MUTATION_ERRORS)
+def update_run(run_id: RunId, body: RunUpdate, session: SessionDep, _client: MutationGuard) -> RunPublic:
+    """Mark a run finished or interrupted, add notes, merge counters into its meta (tokens, ...)."""
+    return history.run_public(session, history.update_run(session, _run(session, run_id), body))
+
+
+@router.get("/attempts", response_model=Page[AttemptSummary], responses={422: {"model": ErrorBody}})
+def list_attempts(session: SessionDep, f: Annotated[AttemptFilter, Query()]) -> Page[AttemptSummary]:
+    """Attempts, filtered (problem, run, status, backend, proposer, correct, minimum speedup), sorted, paged."""
+    return history.list_attempts(session, f)
+
+
+@router.get("/attempts/{attempt_id}", response_model=AttemptDetail, responses={404: {"model": ErrorBody}})
+def get_attempt(attempt_id: AttemptId, session: SessionDep) -> AttemptDetail:
+    """One attempt: its code and every evaluation with the full result and log."""
+    detail = history.attempt_detail(session, attempt_id)
+    if detail is None:
+        _attempt(session, attempt_id, "path.attempt_id")
+    return detail  # type: ignore[return-value]
+
+
+@router.get("/attempts/{attempt_id}/diff", response_model=AttemptDiff, responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+def diff_attempt(attempt_id: AttemptId, session: SessionDep,
+                 against: Annotated[int | None, Query(ge=1, le=MAX_ID, description="default: the parent attempt")] = None,
+                 ) -> AttemptDiff:
+    """Unified diff from another attempt's code (by default its parent's) to this one's."""
+    attempt = _attempt(session, attempt_id, "path.attempt_id")
+    base = against if against is not None else attempt.parent_id
+    if base is None:
+        raise ApiError(422, "no_parent", f"attempt {attempt_id} has no parent to diff against", field="query.against",
+                       fix="give ?against=ATTEMPT_ID")
+    _attempt(session, base, "query.against")
+    return history.diff_attempts(session, base, attempt_id)  # type: ignore[return-value]
+
+
+@router.get("/leaderboard", response_model=list[LeaderboardEntry], responses={422: {"model": ErrorBody}})
+def leaderboard(session: SessionDep, backend: Backend | None = None) -> list[LeaderboardEntry]:
+    """The best correct attempt of every problem, by speedup."""
+    return history.leaderboard(session, backend=backend)

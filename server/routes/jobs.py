@@ -1,0 +1,77 @@
+"""The queue seen from outside: a job's state and queue position, and its progress as Server-Sent Events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import StreamingResponse
+from sqlmodel import Session
+
+from server.routes.deps import MAX_ID, JobId, ServiceDep, SessionDep
+from server.schemas import ErrorBody
+from server.service import Service
+from storage import queue
+from storage.models import Job, JobEventPublic, JobPublic, JobStatus, Page
+
+router = APIRouter(prefix="/v1", tags=["jobs"])
+
+TERMINAL_EVENTS = {"finished", "failed"}
+KEEPALIVE_S = 15.0
+
+
+@router.get("/jobs", response_model=Page[JobPublic], responses={422: {"model": ErrorBody}})
+def list_jobs(session: SessionDep, status: JobStatus | None = None,
+              limit: Annotated[int, Query(ge=1, le=500)] = 50,
+              offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[JobPublic]:
+    """Jobs, newest first."""
+    jobs, total = queue.list_jobs(session, status=status, limit=limit, offset=offset)
+    return Page[JobPublic](items=[queue.job_public(session, job) for job in jobs], total=total, limit=limit, offset=offset)
+
+
+@router.get("/jobs/{job_id}", response_model=JobPublic, responses={404: {"model": ErrorBody}})
+def get_job(job_id: JobId, service: ServiceDep) -> JobPublic:
+    """A job: status, queue position, lane, and the verdicts of the steps that ran."""
+    return service.job(job_id)
+
+
+@router.get("/jobs/{job_id}/events", response_class=StreamingResponse,
+            responses={200: {"description": "Server-Sent Events, one per JobEventPublic: `id`, `event` (its type) "
+                             "and `data` (its JSON); the stream ends after `finished` or `failed`",
+                             "content": {"text/event-stream": {"schema": JobEventPublic.model_json_schema()}}},
+                       404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+async def job_events(job_id: JobId, service: ServiceDep,
+                     after: Annotated[int, Query(ge=0, le=MAX_ID, description="replay events after this id")] = 0,
+                     last_event_id: Annotated[str | None, Header(description="resume after this event id")] = None,
+                     ) -> StreamingResponse:
+    """Stream the job's events: queued, started, progress (per shape and seed), step_finished, interrupted,
+    requeued, finished or failed. Past events are replayed first, so a late subscriber misses nothing."""
+    await asyncio.to_thread(service.job, job_id)  # 404 for an unknown job, before the stream starts
+    resume = int(last_event_id) if last_event_id and last_event_id.strip().isdigit() else 0
+    return StreamingResponse(_stream(service, job_id, max(after, min(resume, MAX_ID))), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _read(service: Service, job_id: int, after: int) -> tuple[list[JobEventPublic], bool]:
+    with Session(service.engine) as session:
+        events = [JobEventPublic.model_validate(e, from_attributes=True) for e in queue.events_after(session, job_id, after)]
+        job = session.get(Job, job_id)
+        done = job is None or job.status in (JobStatus.finished.value, JobStatus.failed.value)
+        return events, done
+
+
+async def _stream(service: Service, job_id: int, after: int) -> AsyncIterator[str]:
+    with service.hub.subscribe(job_id) as subscription:
+        while True:
+            events, done = await asyncio.to_thread(_read, service, job_id, after)
+            for event in events:
+                yield f"id: {event.id}\nevent: {event.type}\ndata: {event.model_dump_json()}\n\n"
+                after = event.id
+                if event.type in TERMINAL_EVENTS:
+                    return
+            if done and not events:
+                return
+            if not await subscription.wait(KEEPALIVE_S):
+                yield ": keep-alive\n\n"

@@ -1,0 +1,75 @@
+"""Health, devices, and the tools' function-calling schemas."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import Literal
+
+from fastapi import APIRouter
+from sqlalchemy import text
+from sqlmodel import Session
+
+from server.devices import gpu_inventory
+from server.routes.deps import ServiceDep
+from server.schemas import DevicesReport, Health, LaneState, QueueDepth, ToolsCatalog
+from server.service import Service
+from server.tool_schemas import tool_definitions, tool_endpoints
+from storage import problems, queue
+from storage.database import describe_url
+from storage.models import SCHEMA_VERSION
+from tools.sandbox import available_isolation
+
+router = APIRouter(prefix="/v1", tags=["service"])
+
+
+def package_version() -> str:
+    try:
+        return version("kernelloop")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _health(service: Service) -> Health:
+    with Session(service.engine) as session:
+        session.exec(text("SELECT 1"))  # type: ignore[call-overload]
+        depth = queue.queue_depth(session)
+        names = problems.problem_names(session)
+    lanes: dict[str, int] = {}
+    for lane in service.scheduler.lanes:
+        lanes[lane.kind] = lanes.get(lane.kind, 0) + 1
+    return Health(status="ok", version=package_version(), schema_version=SCHEMA_VERSION,
+                  database=describe_url(str(service.engine.url)), isolation=available_isolation(service.settings.isolation),
+                  auth="token" if service.settings.api_token else "none", default_backend=service.default_backend,
+                  lanes=lanes, queue=QueueDepth(**depth), problems=names,
+                  uptime_s=round(time.monotonic() - service.started, 1))
+
+
+@router.get("/health", response_model=Health)
+async def health(service: ServiceDep) -> Health:
+    """The service answers, its database answers; versions, sandbox, lanes, queue depth."""
+    return await asyncio.to_thread(_health, service)
+
+
+def _devices(service: Service) -> DevicesReport:
+    with Session(service.engine) as session:
+        depth = queue.queue_depth(session)
+        running = queue.running_jobs_by_lane(session)
+    busy = service.scheduler.busy()
+    lanes = [LaneState(name=lane.name, kind=lane.kind, gpu=lane.gpu, job_id=busy.get(lane.name) or running.get(lane.name))
+             for lane in service.scheduler.lanes]
+    return DevicesReport(gpus=gpu_inventory(), lanes=lanes, queue=QueueDepth(**depth))
+
+
+@router.get("/devices", response_model=DevicesReport)
+async def devices(service: ServiceDep) -> DevicesReport:
+    """The GPUs (memory, utilization), every lane and the job it runs, and how many jobs wait for each kind."""
+    return await asyncio.to_thread(_devices, service)
+
+
+@router.get("/tools", response_model=ToolsCatalog)
+def tools(format: Literal["openai", "anthropic"] = "openai") -> ToolsCatalog:
+    """compile_kernel, run_tests and benchmark as function-calling tools (OpenAI's shape by default), made
+    from the request model of POST /v1/compile, /v1/test and /v1/benchmark."""
+    return ToolsCatalog(tools=tool_definitions(format), endpoints=tool_endpoints(), format=format)

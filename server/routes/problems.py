@@ -1,0 +1,52 @@
+"""The problems: list, one with its source and shapes, registration of a KernelBench file, leaderboards."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response
+from fastapi.concurrency import run_in_threadpool
+
+from server.auth import MutationGuard
+from server.routes.deps import ServiceDep, SessionDep
+from server.schemas import ErrorBody
+from storage import history, problems
+from storage.models import LeaderboardEntry, ProblemCreate, ProblemDetail, ProblemSummary
+from tools.results import Backend
+
+router = APIRouter(prefix="/v1", tags=["problems"])
+
+ProblemName = Annotated[str, Path(max_length=200, description="a problem name, e.g. causal_conv1d")]
+
+
+@router.get("/problems", response_model=list[ProblemSummary])
+def list_problems(session: SessionDep) -> list[ProblemSummary]:
+    """Every problem the service knows: the shipped ones and those registered over HTTP."""
+    return [problems.summary(problems.get_problem(session, name)) for name in problems.problem_names(session)]  # type: ignore[arg-type]
+
+
+@router.get("/problems/{name}", response_model=ProblemDetail, responses={404: {"model": ErrorBody}})
+def get_problem(name: ProblemName, service: ServiceDep, session: SessionDep) -> ProblemDetail:
+    """One problem: its source, shapes (constructor arguments, input sizes, FLOP and byte counts), tolerance."""
+    return problems.detail(service.problem_row(session, name, "path.name"))
+
+
+@router.post("/problems", response_model=ProblemDetail, status_code=201,
+             responses={200: {"model": ProblemDetail, "description": "the same file was already registered"},
+                        **{code: {"model": ErrorBody} for code in (400, 401, 409, 413, 422, 429)}})
+async def register_problem(body: ProblemCreate, service: ServiceDep, _client: MutationGuard,
+                           response: Response) -> ProblemDetail:
+    """Register a KernelBench-format file. It is imported, and Model built for each shape, in the sandbox
+    before it is kept; nothing in it runs in the service."""
+    detail, created = await run_in_threadpool(service.register_problem, body)
+    if not created:
+        response.status_code = 200
+    return detail
+
+
+@router.get("/problems/{name}/leaderboard", response_model=list[LeaderboardEntry], responses={404: {"model": ErrorBody}})
+def problem_leaderboard(name: ProblemName, service: ServiceDep, session: SessionDep, backend: Backend | None = None,
+                        limit: Annotated[int, Query(ge=1, le=100)] = 10) -> list[LeaderboardEntry]:
+    """The problem's correct attempts, fastest first (speedup over eager PyTorch)."""
+    row = service.problem_row(session, name, "path.name")
+    return history.leaderboard(session, problem_id=row.id, backend=backend, limit=limit)

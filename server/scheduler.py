@@ -1,0 +1,98 @@
+"""Runs queued jobs: one thread per lane, each taking the oldest job its kind can run, one step at a time.
+
+CPU lanes take builds and every step on the cpu backend; each GPU lane takes tests and benchmarks on the
+cuda backend for its own GPU, so two timings never share a device. The queue itself is the database
+(storage.queue): a thread only claims, runs through the executor, and records.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from server.events import EventHub
+from server.executor import Executor, Lane, StepRequest
+from storage import queue
+from storage.models import JobStatus, utcnow
+from tools.results import PhaseResult
+
+log = logging.getLogger("kernelloop.scheduler")
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, executor: Executor, hub: EventHub, *, poll_s: float = 1.0):
+        self.engine, self.executor, self.hub, self.poll_s = engine, executor, hub, poll_s
+        self.lanes = executor.lanes()
+        self._wakeup = threading.Condition()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._busy: dict[str, int | None] = {lane.name: None for lane in self.lanes}
+
+    def start(self) -> None:
+        for lane in self.lanes:
+            thread = threading.Thread(target=self._lane_loop, args=(lane,), name=f"lane-{lane.name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Stop taking jobs. A step already running is not waited for: the caller re-queues it."""
+        self._stopping.set()
+        self.wake()
+
+    def wake(self) -> None:
+        """A job was queued: idle lanes look again."""
+        with self._wakeup:
+            self._wakeup.notify_all()
+
+    def busy(self) -> dict[str, int | None]:
+        """Lane name -> the job it is running, or None."""
+        return dict(self._busy)
+
+    def kinds(self) -> set[str]:
+        return {lane.kind for lane in self.lanes}
+
+    def _lane_loop(self, lane: Lane) -> None:
+        while not self._stopping.is_set():
+            try:
+                job_id = queue.claim_next(self.engine, lane.kind, lane.name)
+            except Exception:  # the database is away for a moment: try again later
+                log.exception("lane %s could not read the queue", lane.name)
+                job_id = None
+            if job_id is None:
+                with self._wakeup:
+                    self._wakeup.wait(timeout=self.poll_s)
+                continue
+            self._run_step(lane, job_id)
+
+    def _run_step(self, lane: Lane, job_id: int) -> None:
+        self._busy[lane.name] = job_id
+        self.hub.notify(job_id)
+        try:
+            with Session(self.engine) as session:
+                context = queue.step_context(session, job_id)
+            step = StepRequest(job_id=job_id, phase=context.step, problem=context.problem, code=context.code,
+                               backend=context.backend, options=context.options)
+            started = utcnow()
+            result = self.executor.run(step, lane, lambda partial: self._progress(job_id, partial))
+            job = queue.finish_step(self.engine, job_id, result, started_at=started, finished_at=utcnow())
+            if job.status == JobStatus.queued.value:
+                self.wake()
+        except Exception as exc:  # the service's fault, never the submission's: keep the job, failed
+            log.exception("job %d failed in the service on lane %s", job_id, lane.name)
+            try:
+                queue.fail_job(self.engine, job_id, f"the service could not run it: {type(exc).__name__}: {exc}")
+            except Exception:
+                log.exception("job %d: could not record the failure", job_id)
+        finally:
+            self._busy[lane.name] = None
+            self.hub.notify(job_id)
+
+    def _progress(self, job_id: int, partial: PhaseResult) -> None:
+        try:  # called on the sandbox's reader thread: an exception here must not stop it reading
+            queue.record_progress(self.engine, job_id, partial)
+            self.hub.notify(job_id)
+        except Exception:
+            log.exception("job %d: could not record progress", job_id)

@@ -1,0 +1,201 @@
+"""The service's state and its operations: submit a job, wait for it, register a problem.
+
+Routes stay thin: they parse, call one of these, and shape the answer. Everything a client can get
+wrong is checked here and raised as an ApiError naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session
+
+from server.errors import ApiError
+from server.events import EventHub
+from server.executor import Executor
+from server.limits import RateLimiter
+from server.problem_check import ProblemRejected, check_problem
+from server.scheduler import Scheduler
+from storage import history, problems, queue
+from storage.models import (
+    TERMINAL_JOB_STATUSES,
+    Attempt,
+    Job,
+    JobPhase,
+    JobPublic,
+    Problem,
+    ProblemCreate,
+    ProblemDetail,
+    Run,
+    SubmissionRequest,
+)
+from tools.jobs import EvalOptions
+from tools.problems import ProblemSpec
+from tools.results import Backend
+from tools.settings import Settings
+
+log = logging.getLogger("kernelloop.server")
+
+
+class Service:
+    def __init__(self, settings: Settings, engine: Engine, executor: Executor):
+        self.settings, self.engine, self.executor = settings, engine, executor
+        self.hub = EventHub()
+        self.scheduler = Scheduler(engine, executor, self.hub)
+        self.limiter = RateLimiter(settings.rate_limit_per_minute)
+        self.started = time.monotonic()
+        self._registering = threading.Lock()
+
+    # ------------------------------------------------------------------------------ life cycle
+    def start(self) -> list[int]:
+        """Bring the problems up to date, re-queue what a previous run left running, start the lanes."""
+        with Session(self.engine) as session:
+            problems.sync_shipped(session)
+            problems.restore_registered(session, self.settings.problems_dir)
+        requeued = queue.requeue_running(self.engine, max_interruptions=self.settings.max_job_interruptions,
+                                         reason="the service stopped while it ran")
+        if requeued:
+            log.warning("jobs %s were running when the service last stopped: marked interrupted", requeued)
+        self.scheduler.start()
+        return requeued
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+        stopped = queue.requeue_running(self.engine, max_interruptions=self.settings.max_job_interruptions,
+                                        reason="the service shut down")
+        if stopped:
+            log.warning("jobs %s were running at shutdown: marked interrupted and queued again", stopped)
+
+    @property
+    def default_backend(self) -> Backend:
+        return "cuda" if "gpu" in self.scheduler.kinds() else "cpu"
+
+    # -------------------------------------------------------------------------------- lookups
+    def problem_row(self, session: Session, name: str, field: str) -> Problem:
+        row = problems.get_problem(session, name)
+        if row is None:
+            known = ", ".join(problems.problem_names(session))
+            raise ApiError(422 if field.startswith("body") else 404, "unknown_problem", f"unknown problem {name!r}",
+                           field=field, fix=f"use one of: {known}; or register a KernelBench file with POST /v1/problems")
+        return row
+
+    def job(self, job_id: int) -> JobPublic:
+        with Session(self.engine) as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                raise ApiError(404, "unknown_job", f"no job {job_id}", field="path.job_id",
+                               fix="use the id a tool call answered with; GET /v1/jobs lists them")
+            return queue.job_public(session, job)
+
+    # ---------------------------------------------------------------------------------- tools
+    def submit(self, phase: JobPhase, request: SubmissionRequest, client: str) -> JobPublic:
+        """Record the attempt and queue its job; every check a client can fail comes first."""
+        size = len(request.code.encode())
+        if size > self.settings.max_code_bytes:
+            raise ApiError(413, "code_too_large", f"code is {size} bytes, over the limit of {self.settings.max_code_bytes}",
+                           field="body.code", fix="send a smaller source (KERNELLOOP_MAX_CODE_BYTES sets the limit)")
+        with Session(self.engine) as session:
+            problem = self.problem_row(session, request.problem, "body.problem")
+            backend = request.backend or self.default_backend
+            if backend == "cuda" and phase != "compile" and "gpu" not in self.scheduler.kinds():
+                raise ApiError(422, "no_gpu", f"{phase} on the cuda backend needs a GPU and this service has none",
+                               field="body.backend", fix="use backend cpu here, or a service with a GPU (GET /v1/devices)")
+            options = request.options or EvalOptions()
+            _check_shapes(problems.spec_of(problem), phase, backend, options)
+            if request.run_id is not None:
+                run = session.get(Run, request.run_id)
+                if run is None:
+                    raise ApiError(422, "unknown_run", f"no run {request.run_id}", field="body.run_id",
+                                   fix="create a run with POST /v1/runs, or leave run_id out")
+                if run.problem_id != problem.id:
+                    raise ApiError(422, "run_problem_mismatch", f"run {run.id} is not a run on {problem.name}",
+                                   field="body.run_id", fix="use a run created for this problem")
+            if request.parent_attempt_id is not None:
+                parent = session.get(Attempt, request.parent_attempt_id)
+                if parent is None or parent.problem_id != problem.id:
+                    raise ApiError(422, "unknown_parent", f"no attempt {request.parent_attempt_id} on {problem.name}",
+                                   field="body.parent_attempt_id", fix="give an attempt id of the same problem, or leave it out")
+            attempt, reused = history.create_attempt(session, problem, request, backend, client)
+            job = queue.enqueue(session, attempt, phase, options, client)
+            public = queue.job_public(session, job, reused_attempt=reused)
+        self.scheduler.wake()
+        return public
+
+    async def wait(self, job_id: int, timeout_s: float, reused_attempt: bool = False) -> JobPublic:
+        """The job once it is finished or failed, or as it is after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self.hub.subscribe(job_id) as subscription:
+            while True:
+                job = await asyncio.to_thread(self.job, job_id)
+                remaining = deadline - time.monotonic()
+                if job.status in TERMINAL_JOB_STATUSES or remaining <= 0:
+                    job.reused_attempt = reused_attempt
+                    return job
+                await subscription.wait(min(remaining, 2.0))
+
+    # ------------------------------------------------------------------------------- problems
+    def register_problem(self, body: ProblemCreate) -> tuple[ProblemDetail, bool]:
+        """Check the file in the sandbox, then keep it. Returns (problem, created)."""
+        size = len(body.source.encode())
+        if size > self.settings.max_problem_bytes:
+            raise ApiError(413, "problem_too_large", f"source is {size} bytes, over the limit of "
+                           f"{self.settings.max_problem_bytes}", field="body.source",
+                           fix="send a smaller file (KERNELLOOP_MAX_PROBLEM_BYTES sets the limit)")
+        with Session(self.engine) as session:
+            existing = problems.get_problem(session, body.name)
+            if existing is not None:
+                if existing.sha256 == problems.sha256_text(body.source):
+                    return problems.detail(existing), False
+                raise ApiError(409, "problem_exists", f"a different problem named {body.name!r} exists",
+                               field="body.name", fix="choose another name: a problem never changes under its attempts")
+        try:
+            spec = check_problem(body.name, body.source, self.settings)
+        except ProblemRejected as exc:
+            raise ApiError(422, "invalid_problem", str(exc), field="body.source",
+                           fix="the file must import and define Model, get_inputs and get_init_inputs "
+                               "(KernelBench format); the message says what failed") from exc
+        return self._keep_problem(spec)
+
+    def _keep_problem(self, spec: ProblemSpec) -> tuple[ProblemDetail, bool]:
+        """Write the file where workers import it and keep the row; one registration at a time, so a
+        losing concurrent registration of the same name never overwrites the winner's file."""
+        path = problems.registered_path(self.settings.problems_dir, spec.name)
+        with self._registering, Session(self.engine) as session:
+            existing = problems.get_problem(session, spec.name)
+            if existing is not None:
+                if existing.sha256 == problems.sha256_text(spec.source):
+                    return problems.detail(existing), False
+                raise ApiError(409, "problem_exists", f"a problem named {spec.name!r} was registered meanwhile",
+                               field="body.name", fix="GET /v1/problems/{name} to see it, or choose another name")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(spec.source)
+            try:
+                row = problems.register(session, spec.model_copy(update={"path": str(path)}))
+            except IntegrityError as exc:  # another service process on the same database
+                raise ApiError(409, "problem_exists", f"a problem named {spec.name!r} was registered meanwhile",
+                               field="body.name", fix="GET /v1/problems/{name} to see it, or choose another name") from exc
+            return problems.detail(row), True
+
+
+def _check_shapes(spec: ProblemSpec, phase: JobPhase, backend: Backend, options: EvalOptions) -> None:
+    """options.shapes must name shapes of this problem on this backend, and leave each phase something to do."""
+    if options.shapes is None:
+        return
+    usable = [s for s in spec.shapes if backend in s.backends]
+    names = {s.name for s in usable}
+    unknown = [n for n in options.shapes if n not in names]
+    if unknown:
+        raise ApiError(422, "unknown_shape", f"{spec.name} has no shape {unknown[0]!r} on the {backend} backend",
+                       field="body.options.shapes", fix=f"use names from: {', '.join(sorted(names))}")
+    chosen = [s for s in usable if s.name in options.shapes]
+    needs = {"test": ["correctness"], "benchmark": ["benchmark"], "evaluate": ["correctness", "benchmark"]}.get(phase, [])
+    for kind in needs:
+        if not any(getattr(s, kind) for s in chosen):
+            offered = [s.name for s in usable if getattr(s, kind)]
+            raise ApiError(422, "no_shape_for_phase", f"options.shapes selects no {kind} shape on {backend}",
+                           field="body.options.shapes", fix=f"add one of: {', '.join(offered)}")

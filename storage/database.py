@@ -1,0 +1,128 @@
+"""Opening the database: any SQLAlchemy URL, SQLite tuned for a busy service, and a versioned schema.
+
+SQLite (the default) runs in WAL mode with a busy timeout, so the request threads and the job lanes
+read while one of them writes, and a writer waits for the lock instead of failing. The schema carries
+its version in `kernelloop_schema`: a database written by an older kernelloop is upgraded by the
+registered migrations, one written by a newer one (or by no kernelloop we know) is refused with a
+message that says what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy.engine import make_url
+from sqlmodel import Session, SQLModel, select
+
+from storage.models import SCHEMA_VERSION, SchemaInfo, utcnow
+
+log = logging.getLogger("kernelloop.storage")
+
+BUSY_TIMEOUT_MS = 30_000
+
+Migration = Callable[[Connection], None]
+MIGRATIONS: dict[int, Migration] = {}
+"""MIGRATIONS[n] upgrades a version-n database to version n+1 (none yet: version 1 is the first)."""
+
+
+class SchemaError(RuntimeError):
+    """The database cannot be used by this kernelloop; the message says why and what to do."""
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL, None for other databases and in-memory SQLite."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database).resolve()
+
+
+def database_url(db: str) -> str:
+    """`--db` takes a SQLAlchemy URL or a plain file path (SQLite)."""
+    return db if "://" in db else f"sqlite:///{Path(db).resolve()}"
+
+
+def describe_url(url: str) -> str:
+    """The URL without its password, for logs and /v1/health."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def create_db_engine(url: str) -> Engine:
+    """An engine for `url`; SQLite gets WAL, a busy timeout and foreign keys on every connection."""
+    path = sqlite_path(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if make_url(url).get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _tune_sqlite(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        cursor = dbapi_connection.cursor()
+        if path is not None:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return engine
+
+
+def ensure_schema(engine: Engine, *, version: int = SCHEMA_VERSION,
+                  migrations: dict[int, Migration] | None = None) -> int:
+    """Create the tables in an empty database, upgrade an older one, refuse what cannot be used.
+
+    Returns the version the database had before (0 for a new one).
+    """
+    migrations = MIGRATIONS if migrations is None else migrations
+    where = describe_url(str(engine.url))
+    existing = set(inspect(engine).get_table_names())
+    ours = set(SQLModel.metadata.tables) - {SchemaInfo.__tablename__}
+    if SchemaInfo.__tablename__ not in existing:
+        if existing & ours:
+            raise SchemaError(
+                f"{where} has kernelloop tables ({', '.join(sorted(existing & ours))}) but no schema version, so "
+                "it was not written by this kernelloop: move it aside (or point --db / KERNELLOOP_DATABASE_URL "
+                "at another database) and start again")
+        SQLModel.metadata.create_all(engine)
+        with Session(engine) as session:
+            session.add(SchemaInfo(id=1, version=version))
+            session.commit()
+        log.info("created the kernelloop schema v%d in %s", version, where)
+        return 0
+    with Session(engine) as session:
+        info = session.exec(select(SchemaInfo)).first()
+    stored = info.version if info else 0
+    if stored > version:
+        raise SchemaError(
+            f"{where} has schema v{stored}, newer than this kernelloop's v{version}: upgrade kernelloop "
+            "(pip install -U kernelloop) or point --db / KERNELLOOP_DATABASE_URL at another database")
+    if stored < version:
+        missing = [v for v in range(stored, version) if v not in migrations]
+        if missing:
+            raise SchemaError(
+                f"{where} has schema v{stored} and this kernelloop (v{version}) has no upgrade from v{missing[0]}: "
+                "keep what you need with `kernelloop history attempts --json`, move the database aside and start again")
+        for v in range(stored, version):
+            with engine.begin() as connection:
+                migrations[v](connection)
+                connection.execute(text("UPDATE kernelloop_schema SET version = :v, upgraded_at = :at WHERE id = 1"),
+                                   {"v": v + 1, "at": utcnow().replace(tzinfo=None)})
+            log.info("upgraded %s from schema v%d to v%d", where, v, v + 1)
+    SQLModel.metadata.create_all(engine)  # no-op for every table already there
+    return stored
+
+
+def open_database(url: str, *, create: bool = True) -> Engine:
+    """An engine on a ready database. With create=False an absent SQLite file is an error, not a new file."""
+    path = sqlite_path(url)
+    if not create and path is not None and not path.exists():
+        raise SchemaError(f"no database at {path}: start the service (`kernelloop serve`) or the agent first, "
+                          "or give the right file with --db")
+    engine = create_db_engine(url)
+    ensure_schema(engine)
+    return engine

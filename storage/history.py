@@ -1,0 +1,301 @@
+"""The history: runs, attempts and their evaluations; the queries the API and `kernelloop history` share.
+
+An attempt's summary columns (status, stage, compiled, correct, speedup, device) are updated as each
+evaluation is recorded, so listing, filtering and sorting thousands of attempts never opens a result.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from collections.abc import Sequence
+from datetime import datetime
+
+from pydantic import TypeAdapter
+from sqlalchemy import func
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from storage.models import (
+    Attempt,
+    AttemptDetail,
+    AttemptDiff,
+    AttemptFilter,
+    AttemptSummary,
+    CodeBlob,
+    Evaluation,
+    EvaluationPublic,
+    Job,
+    LeaderboardEntry,
+    Page,
+    Problem,
+    Run,
+    RunCreate,
+    RunPublic,
+    RunStatus,
+    RunUpdate,
+    SubmissionRequest,
+    utcnow,
+)
+from tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, PhaseResultAny, Status, TestResult
+
+RESULT_ADAPTER: TypeAdapter[PhaseResult] = TypeAdapter(PhaseResultAny)
+
+
+def _columns(row: object, names: object) -> dict[str, object]:
+    """The row's values for the fields of a public model (rows hold enums as plain strings)."""
+    return {name: getattr(row, name) for name in names if hasattr(row, name)}  # type: ignore[attr-defined]
+COMPILE_FAILURES = {Status.compile_error, Status.missing_model_new, Status.signature_error}
+
+
+# -------------------------------------------------------------------------------------------- code
+
+def store_code(session: Session, text: str) -> str:
+    """Keep the source once, keyed by its sha256 (a concurrent insert of the same text is fine)."""
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if session.get(CodeBlob, digest) is None:
+        try:
+            session.add(CodeBlob(sha256=digest, text=text, size_bytes=len(text.encode())))
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+    return digest
+
+
+# -------------------------------------------------------------------------------------------- runs
+
+def create_run(session: Session, problem: Problem, request: RunCreate) -> Run:
+    run = Run(problem_id=problem.id, name=request.name, proposer=request.proposer, model=request.model,
+              backend=request.backend, notes=request.notes, config=request.config)
+    session.add(run)
+    session.commit()
+    session.refresh(run)
+    return run
+
+
+def update_run(session: Session, run: Run, update: RunUpdate) -> Run:
+    if update.status is not None:
+        run.status = update.status.value  # type: ignore[assignment]
+        if update.status != RunStatus.active and run.finished_at is None:
+            run.finished_at = utcnow()
+    if update.notes is not None:
+        run.notes = update.notes
+    if update.meta is not None:
+        run.meta = {**run.meta, **update.meta}
+    run.updated_at = utcnow()
+    session.add(run)
+    session.commit()
+    session.refresh(run)
+    return run
+
+
+def run_public(session: Session, run: Run) -> RunPublic:
+    return _runs_public(session, [run])[0]
+
+
+def _runs_public(session: Session, runs: Sequence[Run]) -> list[RunPublic]:
+    ids = [r.id for r in runs]
+    counts = dict(session.exec(select(Attempt.run_id, func.count()).where(col(Attempt.run_id).in_(ids))
+                               .group_by(Attempt.run_id)).all())
+    names = dict(session.exec(select(Problem.id, Problem.name)).all())
+    out = []
+    for run in runs:
+        best = session.exec(select(Attempt.id, Attempt.speedup)
+                            .where(Attempt.run_id == run.id, col(Attempt.correct).is_(True),
+                                   col(Attempt.speedup).is_not(None))
+                            .order_by(col(Attempt.speedup).desc()).limit(1)).first()
+        out.append(RunPublic.model_validate({
+            **_columns(run, RunPublic.model_fields), "problem": names.get(run.problem_id, "?"),
+            "attempts": counts.get(run.id, 0), "best_attempt_id": best[0] if best else None,
+            "best_speedup": best[1] if best else None}))
+    return out
+
+
+def list_runs(session: Session, *, problem_id: int | None = None, status: RunStatus | None = None,
+              limit: int = 50, offset: int = 0) -> Page[RunPublic]:
+    query = select(Run)
+    if problem_id is not None:
+        query = query.where(Run.problem_id == problem_id)
+    if status is not None:
+        query = query.where(Run.status == status.value)
+    total = session.exec(select(func.count()).select_from(query.subquery())).one()
+    runs = session.exec(query.order_by(col(Run.id).desc()).limit(limit).offset(offset)).all()
+    return Page[RunPublic](items=_runs_public(session, runs), total=total, limit=limit, offset=offset)
+
+
+# ---------------------------------------------------------------------------------------- attempts
+
+def create_attempt(session: Session, problem: Problem, request: SubmissionRequest, backend: Backend,
+                   client: str) -> tuple[Attempt, bool]:
+    """Record a submission. Within a run, the same code on the same backend is the same attempt
+    (a compile, then a test, then a benchmark of one kernel); returns (attempt, reused)."""
+    digest = store_code(session, request.code)
+
+    def existing() -> Attempt | None:
+        if request.run_id is None:
+            return None
+        return session.exec(select(Attempt).where(Attempt.run_id == request.run_id, Attempt.code_sha256 == digest,
+                                                  Attempt.backend == backend)).first()
+
+    found = existing()
+    if found is not None:
+        return found, True
+    attempt = Attempt(problem_id=problem.id, run_id=request.run_id, parent_id=request.parent_attempt_id,
+                      step=request.step, backend=backend, proposer=request.proposer, rationale=request.rationale,
+                      code_sha256=digest, client=client)
+    session.add(attempt)
+    try:
+        session.commit()
+    except IntegrityError:  # a concurrent submission of the same code in the same run got there first
+        session.rollback()
+        found = existing()
+        if found is None:
+            raise
+        return found, True
+    session.refresh(attempt)
+    return attempt, False
+
+
+def _compile_part(result: PhaseResult) -> CompileResult | None:
+    return result if isinstance(result, CompileResult) else getattr(result, "compile", None)
+
+
+def record_evaluation(session: Session, attempt_id: int, job_id: int | None, result: PhaseResult, *,
+                      created_at: datetime, started_at: datetime, finished_at: datetime) -> Evaluation:
+    """Store one verdict with its log, and bring the attempt's summary up to date (one transaction)."""
+    compiled = _compile_part(result)
+    log = compiled.log if compiled is not None else ""
+    if result.sandbox is not None and not log:
+        log = "\n".join(part for part in (result.sandbox.stdout, result.sandbox.stderr) if part)
+    speedup = result.geomean_speedup if isinstance(result, BenchmarkResult) else None
+    evaluation = Evaluation(
+        attempt_id=attempt_id, job_id=job_id, kind=result.kind, status=result.status.value, message=result.message,  # type: ignore[attr-defined]
+        backend=result.backend, device=result.device, isolation=result.sandbox.isolation if result.sandbox else None,
+        toolchain=compiled.toolchain if compiled is not None else {},
+        build_seconds=compiled.build_seconds if compiled is not None else None,
+        wall_seconds=result.sandbox.wall_seconds if result.sandbox else None, speedup=speedup,
+        created_at=created_at, started_at=started_at, finished_at=finished_at,
+        result=result.model_dump(mode="json"), log=log)
+    session.add(evaluation)
+    attempt = session.get(Attempt, attempt_id)
+    assert attempt is not None
+    _summarize(attempt, result)
+    session.add(attempt)
+    session.commit()
+    session.refresh(evaluation)
+    return evaluation
+
+
+def _summarize(attempt: Attempt, result: PhaseResult) -> None:
+    attempt.status, attempt.stage, attempt.updated_at = result.status.value, result.kind, utcnow()  # type: ignore[attr-defined]
+    compiled = _compile_part(result)
+    if compiled is not None and (compiled.status == Status.passed or compiled.status in COMPILE_FAILURES):
+        attempt.compiled = compiled.status == Status.passed
+    if isinstance(result, TestResult) and (compiled is None or compiled.status == Status.passed):
+        attempt.correct = result.status == Status.passed
+    if isinstance(result, BenchmarkResult) and result.status == Status.passed and result.geomean_speedup:
+        attempt.speedup = max(attempt.speedup or 0.0, result.geomean_speedup)
+    if result.device and (isinstance(result, (TestResult, BenchmarkResult)) or not attempt.device):
+        attempt.device = result.device
+
+
+def _summary_rows(session: Session, query) -> list[AttemptSummary]:  # type: ignore[no-untyped-def]
+    return [AttemptSummary.model_validate({**_columns(attempt, AttemptSummary.model_fields), "problem": name,
+                                           "code_bytes": size})
+            for attempt, name, size in session.exec(query).all()]
+
+
+def _summary_query():  # type: ignore[no-untyped-def]
+    return (select(Attempt, Problem.name, CodeBlob.size_bytes)
+            .join(Problem, col(Problem.id) == col(Attempt.problem_id))
+            .join(CodeBlob, col(CodeBlob.sha256) == col(Attempt.code_sha256)))
+
+
+def list_attempts(session: Session, f: AttemptFilter) -> Page[AttemptSummary]:
+    """One page of attempts, filtered and sorted (NULL speedups last whatever the order)."""
+    conditions = []
+    if f.problem is not None:
+        conditions.append(Problem.name == f.problem)
+    if f.run_id is not None:
+        conditions.append(Attempt.run_id == f.run_id)
+    if f.status is not None:
+        conditions.append(Attempt.status == f.status.value)
+    if f.backend is not None:
+        conditions.append(Attempt.backend == f.backend)
+    if f.proposer is not None:
+        conditions.append(Attempt.proposer == f.proposer)
+    if f.correct is not None:
+        conditions.append(Attempt.correct == f.correct)
+    if f.min_speedup is not None:
+        conditions.append(col(Attempt.speedup) >= f.min_speedup)
+    key = {"created": col(Attempt.created_at), "speedup": col(Attempt.speedup), "step": col(Attempt.step),
+           "id": col(Attempt.id)}[f.sort]
+    ordered = key.desc() if f.order == "desc" else key.asc()
+    tiebreak = col(Attempt.id).desc() if f.order == "desc" else col(Attempt.id).asc()
+    query = _summary_query().where(*conditions)
+    count_query = select(func.count()).select_from(Attempt).join(Problem, col(Problem.id) == col(Attempt.problem_id))
+    total = session.exec(count_query.where(*conditions)).one()
+    rows = _summary_rows(session, query.order_by(ordered.nulls_last(), tiebreak).limit(f.limit).offset(f.offset))
+    return Page[AttemptSummary](items=rows, total=total, limit=f.limit, offset=f.offset)
+
+
+def attempt_summary(session: Session, attempt_id: int) -> AttemptSummary | None:
+    rows = _summary_rows(session, _summary_query().where(Attempt.id == attempt_id))
+    return rows[0] if rows else None
+
+
+def attempt_detail(session: Session, attempt_id: int) -> AttemptDetail | None:
+    summary = attempt_summary(session, attempt_id)
+    if summary is None:
+        return None
+    code = session.get(CodeBlob, summary.code_sha256)
+    evaluations = session.exec(select(Evaluation).where(Evaluation.attempt_id == attempt_id)
+                               .order_by(col(Evaluation.id))).all()
+    jobs = session.exec(select(Job.id).where(Job.attempt_id == attempt_id).order_by(col(Job.id))).all()
+    return AttemptDetail(**summary.model_dump(), code=code.text if code else "",
+                         evaluations=[evaluation_public(e) for e in evaluations], jobs=list(jobs))
+
+
+def evaluation_public(evaluation: Evaluation) -> EvaluationPublic:
+    return EvaluationPublic.model_validate(_columns(evaluation, EvaluationPublic.model_fields))
+
+
+def attempt_code(session: Session, attempt_id: int) -> str | None:
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        return None
+    blob = session.get(CodeBlob, attempt.code_sha256)
+    return blob.text if blob else ""
+
+
+def diff_attempts(session: Session, from_id: int, to_id: int) -> AttemptDiff | None:
+    old, new = attempt_code(session, from_id), attempt_code(session, to_id)
+    if old is None or new is None:
+        return None
+    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                 fromfile=f"attempt {from_id}", tofile=f"attempt {to_id}")
+    return AttemptDiff(from_attempt=from_id, to_attempt=to_id, identical=old == new, diff="".join(lines))
+
+
+def leaderboard(session: Session, *, problem_id: int | None = None, backend: Backend | None = None,
+                limit: int = 10) -> list[LeaderboardEntry]:
+    """Correct attempts by speedup: the top `limit` of one problem, or the best of every problem."""
+    base = (select(Attempt, Problem.name).join(Problem, col(Problem.id) == col(Attempt.problem_id))
+            .where(col(Attempt.correct).is_(True), col(Attempt.speedup).is_not(None)))
+    if backend is not None:
+        base = base.where(Attempt.backend == backend)
+    order = (col(Attempt.speedup).desc(), col(Attempt.id).asc())
+    if problem_id is not None:
+        rows = session.exec(base.where(Attempt.problem_id == problem_id).order_by(*order).limit(limit)).all()
+    else:
+        problem_ids = session.exec(select(Problem.id).order_by(Problem.name)).all()
+        rows = [row for pid in problem_ids
+                for row in session.exec(base.where(Attempt.problem_id == pid).order_by(*order).limit(1)).all()]
+    return [LeaderboardEntry(rank=i + 1 if problem_id is not None else 1, problem=name, attempt_id=a.id,
+                             run_id=a.run_id, backend=a.backend, device=a.device, speedup=a.speedup,
+                             proposer=a.proposer, created_at=a.created_at)
+            for i, (a, name) in enumerate(rows)]
+
+
+def parse_result(data: dict) -> PhaseResult:
+    return RESULT_ADAPTER.validate_python(data)

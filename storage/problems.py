@@ -1,0 +1,97 @@
+"""Problem rows: the shipped problems kept in step with the package, registered ones kept on disk.
+
+A registered problem's file lives under `settings.problems_dir` (outside the data folder, because
+sandboxed workers import it by path); the database holds its source, so a lost or moved folder is
+written again at start-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from sqlmodel import Session, select
+
+from storage.models import Problem, ProblemDetail, ProblemSummary, utcnow
+from tools.problems import ProblemSpec, load_problem, shipped_problem_names
+
+log = logging.getLogger("kernelloop.storage")
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sync_shipped(session: Session) -> list[str]:
+    """Insert or refresh every shipped problem (trusted files: loaded in this process). Returns their names."""
+    names = shipped_problem_names()
+    for name in names:
+        spec = load_problem(name)
+        row = session.exec(select(Problem).where(Problem.name == name)).first()
+        digest = sha256_text(spec.source)
+        if row is None:
+            session.add(Problem(name=name, origin="shipped", sha256=digest, source=spec.source, path=spec.path,
+                                spec=spec.model_dump(mode="json")))
+        elif row.origin != "shipped":
+            log.warning("a registered problem is named %r like a shipped one: the registered one is kept", name)
+        elif row.sha256 != digest or row.path != spec.path:
+            row.sha256, row.source, row.path = digest, spec.source, spec.path
+            row.spec, row.updated_at = spec.model_dump(mode="json"), utcnow()
+            session.add(row)
+    session.commit()
+    return names
+
+
+def registered_path(problems_dir: Path, name: str) -> Path:
+    return problems_dir.resolve() / name / "problem.py"
+
+
+def restore_registered(session: Session, problems_dir: Path) -> None:
+    """Write each registered problem's file where workers will import it, from the database's copy."""
+    for row in session.exec(select(Problem).where(Problem.origin == "registered")).all():
+        path = registered_path(problems_dir, row.name)
+        if not path.is_file() or path.read_text() != row.source:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(row.source)
+        if row.path != str(path):
+            row.path = str(path)
+            row.spec = {**row.spec, "path": str(path)}
+            session.add(row)
+    session.commit()
+
+
+def get_problem(session: Session, name: str) -> Problem | None:
+    return session.exec(select(Problem).where(Problem.name == name)).first()
+
+
+def problem_names(session: Session) -> list[str]:
+    return list(session.exec(select(Problem.name).order_by(Problem.name)).all())
+
+
+def spec_of(row: Problem) -> ProblemSpec:
+    return ProblemSpec.model_validate(row.spec)
+
+
+def register(session: Session, spec: ProblemSpec) -> Problem:
+    """Keep a problem that passed its sandboxed check; `spec.path` is already its final file."""
+    row = Problem(name=spec.name, origin="registered", sha256=sha256_text(spec.source), source=spec.source,
+                  path=spec.path, spec=spec.model_dump(mode="json"))
+    session.add(row)
+    session.commit()
+    session.refresh(row)
+    return row
+
+
+def summary(row: Problem) -> ProblemSummary:
+    spec = spec_of(row)
+    return ProblemSummary(
+        name=row.name, origin=row.origin, dtype=spec.dtype, tolerance=spec.tolerance,
+        correctness_shapes=sum(s.correctness for s in spec.shapes), benchmark_shapes=sum(s.benchmark for s in spec.shapes),
+        sha256=row.sha256, created_at=row.created_at)
+
+
+def detail(row: Problem) -> ProblemDetail:
+    spec = spec_of(row)
+    return ProblemDetail(**summary(row).model_dump(), source=row.source, forbidden_ops=spec.forbidden_ops,
+                         has_metadata=spec.has_metadata, shapes=spec.shapes)

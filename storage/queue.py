@@ -1,0 +1,280 @@
+"""The job queue, kept in the database so that a restart loses nothing.
+
+A job is one or more steps (compile, test, benchmark). Each step runs on a lane of one kind: builds and
+everything on the cpu backend on CPU lanes, tests and benchmarks on the cuda backend on GPU lanes (one
+job at a time per GPU). A lane claims the oldest queued job that needs its kind with a conditional
+UPDATE, so two lanes never take the same job. At start-up, a job left `running` by a service that
+stopped is marked interrupted (note, counter, event) and queued again, or failed after too many tries.
+Every change is also a row in `job_events`, which the SSE stream replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Engine, func, update
+from sqlmodel import Session, col, select
+
+from storage.history import parse_result, record_evaluation
+from storage.models import (
+    Attempt,
+    CodeBlob,
+    Evaluation,
+    Job,
+    JobEvent,
+    JobLinks,
+    JobPhase,
+    JobPublic,
+    JobStatus,
+    LaneKind,
+    Phase,
+    Problem,
+    utcnow,
+)
+from tools.jobs import EvalOptions
+from tools.problems import ProblemSpec
+from tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
+
+
+def steps_for(phase: JobPhase, backend: Backend) -> list[Phase]:
+    """The steps of a job. On the cuda backend a test or benchmark is built first on a CPU lane, so a
+    long nvcc build never holds a GPU; on the cpu backend the test and benchmark build for themselves."""
+    if phase == "evaluate":
+        return ["compile", "test", "benchmark"]
+    if phase != "compile" and backend == "cuda":
+        return ["compile", phase]
+    return [phase]
+
+
+def lane_kind(step: Phase, backend: Backend) -> LaneKind:
+    return "gpu" if backend == "cuda" and step != "compile" else "cpu"
+
+
+def add_event(session: Session, job_id: int, type_: str, **data: object) -> None:
+    session.add(JobEvent(job_id=job_id, type=type_, data=data))
+
+
+def enqueue(session: Session, attempt: Attempt, phase: JobPhase, options: EvalOptions, client: str) -> Job:
+    steps = steps_for(phase, attempt.backend)
+    job = Job(attempt_id=attempt.id, phase=phase, steps=steps, needs=lane_kind(steps[0], attempt.backend),
+              options=options.model_dump(mode="json"), client=client, status=JobStatus.queued.value)
+    session.add(job)
+    attempt.status, attempt.updated_at = "pending", utcnow()
+    session.add(attempt)
+    session.flush()
+    add_event(session, job.id, "queued", steps=steps, needs=job.needs, queue_position=queue_position(session, job))
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def claim_next(engine: Engine, needs: LaneKind, lane: str) -> int | None:
+    """Take the oldest queued job for this lane kind; None when there is none."""
+    with Session(engine) as session:
+        for _ in range(20):  # another lane may win the race for a job; then try the next one
+            job_id = session.exec(select(Job.id).where(Job.status == JobStatus.queued.value, Job.needs == needs)
+                                  .order_by(col(Job.id)).limit(1)).first()
+            if job_id is None:
+                return None
+            now = utcnow()
+            claimed = session.exec(update(Job).where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued.value)  # type: ignore[call-overload]
+                                   .values(status=JobStatus.running.value, lane=lane, updated_at=now,
+                                           started_at=func.coalesce(Job.started_at, now)))
+            if claimed.rowcount == 1:
+                job = session.get(Job, job_id)
+                assert job is not None
+                add_event(session, job_id, "started", step=job.steps[job.step_index], lane=lane)
+                session.commit()
+                return job_id
+            session.rollback()
+    return None
+
+
+@dataclass
+class StepContext:
+    """Everything a lane needs to run a job's current step."""
+
+    job_id: int
+    attempt_id: int
+    step: Phase
+    problem: ProblemSpec
+    code: str
+    backend: Backend
+    options: EvalOptions
+    created_at: datetime
+
+
+def step_context(session: Session, job_id: int) -> StepContext:
+    job = session.get(Job, job_id)
+    assert job is not None
+    attempt = session.get(Attempt, job.attempt_id)
+    assert attempt is not None
+    problem = session.get(Problem, attempt.problem_id)
+    code = session.get(CodeBlob, attempt.code_sha256)
+    assert problem is not None and code is not None
+    return StepContext(job_id=job_id, attempt_id=attempt.id, step=job.steps[job.step_index],  # type: ignore[arg-type]
+                       problem=ProblemSpec.model_validate(problem.spec), code=code.text, backend=attempt.backend,
+                       options=EvalOptions.model_validate(job.options), created_at=job.created_at)
+
+
+def progress_data(result: PhaseResult) -> dict[str, object]:
+    """A small summary of a result-so-far, for a progress event."""
+    data: dict[str, object] = {"kind": result.kind, "status": result.status.value, "message": result.message}  # type: ignore[attr-defined]
+    compiled = result if isinstance(result, CompileResult) else getattr(result, "compile", None)
+    if compiled is not None:
+        data["build_seconds"], data["cache_hit"] = compiled.build_seconds, compiled.cache_hit
+    if isinstance(result, TestResult) and result.checks:
+        last = result.checks[-1]
+        data["checks_done"] = len(result.checks)
+        data["last_check"] = {"shape": last.shape, "seed": last.seed, "status": last.status.value,
+                              "max_rel_error": last.max_rel_error}
+    if isinstance(result, BenchmarkResult) and result.shapes:
+        last_shape = result.shapes[-1]
+        data["shapes_done"] = len(result.shapes)
+        data["last_shape"] = {"shape": last_shape.shape, "status": last_shape.status.value,
+                              "speedup": last_shape.speedup}
+    return data
+
+
+def record_progress(engine: Engine, job_id: int, result: PhaseResult) -> None:
+    with Session(engine) as session:
+        add_event(session, job_id, "progress", **progress_data(result))
+        session.commit()
+
+
+def finish_step(engine: Engine, job_id: int, result: PhaseResult, *, started_at: datetime,
+                finished_at: datetime) -> Job:
+    """Keep the step's verdict; queue the next step if it passed, else finish the job."""
+    with Session(engine) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        evaluation = record_evaluation(session, job.attempt_id, job_id, result, created_at=job.created_at,
+                                       started_at=started_at, finished_at=finished_at)
+        job = session.get(Job, job_id)
+        attempt = session.get(Attempt, job.attempt_id)  # type: ignore[union-attr]
+        assert job is not None and attempt is not None
+        step = job.steps[job.step_index]
+        extra = {"speedup": result.geomean_speedup} if isinstance(result, BenchmarkResult) else {}
+        add_event(session, job_id, "step_finished", step=step, status=result.status.value, message=result.message,
+                  evaluation_id=evaluation.id, **extra)
+        job.outcome, job.updated_at, job.lane = result.status.value, utcnow(), None
+        if result.status == Status.passed and job.step_index + 1 < len(job.steps):
+            job.step_index += 1
+            job.needs = lane_kind(job.steps[job.step_index], attempt.backend)
+            job.status = JobStatus.queued.value  # type: ignore[assignment]
+            attempt.status = "pending"
+            session.add(attempt)
+            session.add(job)
+            session.flush()
+            add_event(session, job_id, "queued", step=job.steps[job.step_index], needs=job.needs,
+                      queue_position=queue_position(session, job))
+        else:
+            job.status, job.finished_at = JobStatus.finished.value, utcnow()  # type: ignore[assignment]
+            session.add(job)
+            add_event(session, job_id, "finished", outcome=result.status.value, attempt_id=job.attempt_id)
+        session.commit()
+        session.refresh(job)
+        return job
+
+
+def fail_job(engine: Engine, job_id: int, note: str) -> None:
+    """The service could not run the job (not the submission's fault): keep it, visibly failed."""
+    with Session(engine) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        _fail(session, job, note)
+        session.commit()
+
+
+def _fail(session: Session, job: Job, note: str) -> None:
+    job.status, job.finished_at, job.updated_at, job.lane = JobStatus.failed.value, utcnow(), utcnow(), None  # type: ignore[assignment]
+    job.note = (job.note + "\n" if job.note else "") + note
+    session.add(job)
+    attempt = session.get(Attempt, job.attempt_id)
+    if attempt is not None and attempt.status == "pending":
+        attempt.status = "failed"
+        session.add(attempt)
+    add_event(session, job.id, "failed", note=note)  # type: ignore[arg-type]
+
+
+def requeue_running(engine: Engine, *, max_interruptions: int, reason: str) -> list[int]:
+    """Jobs left `running` (the service stopped under them): mark each interrupted and queue it again,
+    or fail it once it has been interrupted more than `max_interruptions` times. Returns their ids."""
+    with Session(engine) as session:
+        jobs = session.exec(select(Job).where(Job.status == JobStatus.running.value).order_by(col(Job.id))).all()
+        for job in jobs:
+            step, lane = job.steps[job.step_index], job.lane
+            job.interruptions += 1
+            stamp = utcnow().strftime("%Y-%m-%d %H:%M:%S UTC")
+            line = f"{stamp}: interrupted ({reason}) during step {step} on lane {lane}"
+            add_event(session, job.id, "interrupted", step=step, lane=lane, reason=reason,  # type: ignore[arg-type]
+                      interruptions=job.interruptions)
+            if job.interruptions > max_interruptions:
+                job.note = (job.note + "\n" if job.note else "") + line
+                _fail(session, job, f"not queued again: interrupted {job.interruptions} times "
+                                    f"(more than KERNELLOOP_MAX_JOB_INTERRUPTIONS={max_interruptions})")
+                continue
+            job.note = (job.note + "\n" if job.note else "") + line + "; queued again"
+            job.status, job.lane, job.updated_at = JobStatus.queued.value, None, utcnow()  # type: ignore[assignment]
+            session.add(job)
+            session.flush()
+            add_event(session, job.id, "requeued", step=step, queue_position=queue_position(session, job))  # type: ignore[arg-type]
+        session.commit()
+        return [job.id for job in jobs]  # type: ignore[misc]
+
+
+def queue_position(session: Session, job: Job) -> int | None:
+    if job.status != JobStatus.queued.value:
+        return None
+    ahead = session.exec(select(func.count()).select_from(Job).where(
+        Job.status == JobStatus.queued.value, Job.needs == job.needs, col(Job.id) < job.id)).one()
+    return ahead + 1
+
+
+def queue_depth(session: Session) -> dict[str, int]:
+    """Queued jobs per lane kind, and running jobs."""
+    rows = session.exec(select(Job.status, Job.needs, func.count()).where(
+        col(Job.status).in_([JobStatus.queued.value, JobStatus.running.value])).group_by(Job.status, Job.needs)).all()
+    depth = {"cpu": 0, "gpu": 0, "running": 0}
+    for status, needs, count in rows:
+        if status == JobStatus.running.value:
+            depth["running"] += count
+        else:
+            depth[needs] += count
+    return depth
+
+
+def events_after(session: Session, job_id: int, after: int = 0) -> list[JobEvent]:
+    return list(session.exec(select(JobEvent).where(JobEvent.job_id == job_id, col(JobEvent.id) > after)
+                             .order_by(col(JobEvent.id))).all())
+
+
+def job_public(session: Session, job: Job, *, reused_attempt: bool = False) -> JobPublic:
+    attempt = session.get(Attempt, job.attempt_id)
+    assert attempt is not None
+    problem = session.get(Problem, attempt.problem_id)
+    evaluations = session.exec(select(Evaluation.result).where(Evaluation.job_id == job.id)
+                               .order_by(col(Evaluation.id))).all()
+    return JobPublic(
+        id=job.id, attempt_id=job.attempt_id, run_id=attempt.run_id, problem=problem.name if problem else "?",  # type: ignore[arg-type]
+        backend=attempt.backend, phase=job.phase, steps=job.steps, step_index=job.step_index, status=job.status,
+        queue_position=queue_position(session, job), needs=job.needs, lane=job.lane, outcome=job.outcome,
+        note=job.note, interruptions=job.interruptions, reused_attempt=reused_attempt, created_at=job.created_at,
+        started_at=job.started_at, finished_at=job.finished_at, results=[parse_result(r) for r in evaluations],
+        links=JobLinks(self=f"/v1/jobs/{job.id}", events=f"/v1/jobs/{job.id}/events",
+                       attempt=f"/v1/attempts/{job.attempt_id}"))
+
+
+def list_jobs(session: Session, *, status: JobStatus | None = None, limit: int = 50, offset: int = 0) -> tuple[list[Job], int]:
+    query = select(Job)
+    if status is not None:
+        query = query.where(Job.status == status.value)
+    total = session.exec(select(func.count()).select_from(query.subquery())).one()
+    jobs = session.exec(query.order_by(col(Job.id).desc()).limit(limit).offset(offset)).all()
+    return list(jobs), total
+
+
+def running_jobs_by_lane(session: Session) -> dict[str, int]:
+    return {lane: job_id for job_id, lane in session.exec(
+        select(Job.id, Job.lane).where(Job.status == JobStatus.running.value)).all() if lane}

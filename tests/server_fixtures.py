@@ -1,0 +1,150 @@
+"""Helpers for the service tests: a real `kernelloop serve` on a loopback port, and small submissions.
+
+Every service a test session starts shares one data folder (so one build cache: the C++ example is
+built once, ~20 s, and every later job finds it), and each service gets its own database file in it.
+The folder is outside /tmp (a sandbox may give workers a private /tmp) and is removed at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+CPU_EXAMPLE = (REPO / "reference_problems" / "causal_conv1d" / "example_cpu.py").read_text()
+CUDA_EXAMPLE = (REPO / "reference_problems" / "causal_conv1d" / "example_cuda.py").read_text()
+TOKEN = "test-token-7f3a"
+
+# A correct causal conv1d in plain PyTorch (no build, no convolution operator): cheap distinct submissions.
+PYTHON_CONV = '''\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+{prelude}
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
+        super().__init__()
+        self.k, self.d = kernel_size, dilation
+        self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size))
+        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+
+    def forward(self, x):
+        length = x.shape[-1]
+        xp = F.pad(x, ((self.k - 1) * self.d, 0))
+        y = sum(torch.einsum("oi,bil->bol", self.weight[:, :, k], xp[:, :, k * self.d:k * self.d + length])
+                for k in range(self.k))
+        if self.bias is not None:
+            y = y + self.bias[None, :, None]
+        return y{tail}
+'''
+
+
+def python_conv(prelude: str = "", tail: str = "") -> str:
+    return PYTHON_CONV.format(prelude=prelude, tail=tail)
+
+
+_ROOT: Path | None = None
+
+
+def shared_root() -> Path:
+    """One folder for the whole test session, removed at exit."""
+    global _ROOT
+    if _ROOT is None:
+        parent = "/var/tmp" if os.access("/var/tmp", os.W_OK) else None
+        _ROOT = Path(tempfile.mkdtemp(prefix="kernelloop-server-tests-", dir=parent)).resolve()
+        atexit.register(shutil.rmtree, _ROOT, True)
+    return _ROOT
+
+
+def shared_data_dir() -> Path:
+    path = shared_root() / "data"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServiceProcess:
+    """`python -m tools.cli serve` in its own process, on a free loopback port."""
+
+    def __init__(self, name: str, *, token: str | None = TOKEN, cpu_workers: int = 2, rate_limit: int = 100_000,
+                 extra_env: dict[str, str] | None = None, data_dir: Path | None = None):
+        self.name, self.token = name, token
+        self.data_dir = data_dir or shared_data_dir()
+        self.db = self.data_dir / f"{name}.sqlite3"
+        self.problems_dir = shared_root() / f"problems-{name}"
+        self.log = shared_root() / f"{name}.log"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELLOOP_")}
+        env.update(KERNELLOOP_DATA_DIR=str(self.data_dir), KERNELLOOP_PROBLEMS_DIR=str(self.problems_dir),
+                   KERNELLOOP_CPU_WORKERS=str(cpu_workers), KERNELLOOP_RATE_LIMIT_PER_MINUTE=str(rate_limit),
+                   PYTHONUNBUFFERED="1")
+        if token is not None:
+            env["KERNELLOOP_API_TOKEN"] = token
+        env.update(extra_env or {})
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 90.0) -> ServiceProcess:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tools.cli", "serve", "--port", str(self.port), "--db", str(self.db)],
+                cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the service exited ({self.proc.returncode}):\n{self.log_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/v1/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.kill()
+        raise AssertionError(f"the service did not answer within {timeout_s} s:\n{self.log_text()[-3000:]}")
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def client(self, *, auth: bool = True, timeout: float = 300.0) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no shutdown hook runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def submission(code: str = CPU_EXAMPLE, problem: str = "causal_conv1d", **fields: object) -> dict[str, object]:
+    return {"problem": problem, "code": code, "backend": "cpu", **fields}
+
+
+QUICK_TEST = {"shapes": ["small", "bias"], "seeds": 1}
+QUICK_EVAL = {"shapes": ["small", "cpu_b4_c64_o64_k3_d1_l8192"], "seeds": 1, "time_budget_s": 0.2,
+              "min_samples": 3, "max_samples": 20}

@@ -1,0 +1,513 @@
+"""The service end to end: a real `kernelloop serve` on a loopback port, called with httpx.
+
+One service (API token set, two CPU lanes) serves the module; the C++ example kernel is built once and
+every later job finds the build in the shared cache. Each bad input gets a 4xx naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from server_fixtures import (
+    QUICK_EVAL,
+    QUICK_TEST,
+    REPO,
+    TOKEN,
+    ServiceProcess,
+    python_conv,
+    submission,
+)
+from sqlmodel import Session
+
+from storage import history, problems
+from storage.database import database_url, open_database
+from storage.models import Attempt, RunCreate, utcnow
+from tools.results import BenchmarkResult, CompileResult, Status, TestResult
+from tools.toolchain import gpu_arch
+
+HAS_GPU = gpu_arch() is not None
+
+
+@pytest.fixture(scope="module")
+def service():
+    svc = ServiceProcess("api").start()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def api(service: ServiceProcess):
+    with service.client() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def evaluated(api: httpx.Client) -> dict:
+    """One full evaluate of the C++ example (the first job builds it: ~20 s on 2 cores)."""
+    run = api.post("/v1/runs", json={"problem": "causal_conv1d", "name": "api-tests", "proposer": "human"}).json()
+    response = api.post("/v1/evaluate", json=submission(run_id=run["id"], step=0, rationale="the shipped example",
+                                                        options=QUICK_EVAL))
+    assert response.status_code == 200, response.text
+    return {"run": run, "job": response.json()}
+
+
+def _error(response: httpx.Response, status: int, field: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["error"] and body["message"] and "fix" in body
+    if field is not None:
+        assert body["field"] == field, body
+    return body
+
+
+# --------------------------------------------------------------------------------- service info
+
+def test_health_says_what_is_running(api: httpx.Client, service: ServiceProcess) -> None:
+    health = api.get("/v1/health").json()
+    assert health["status"] == "ok" and health["schema_version"] == 1 and health["auth"] == "token"
+    assert health["database"] == f"sqlite:///{service.db}"
+    assert health["lanes"]["cpu"] == 2 and health["isolation"] in ("bubblewrap", "unshare", "none")
+    assert {"causal_conv1d", "mamba_causal_conv1d"} <= set(health["problems"])
+
+
+def test_devices_lists_lanes_and_queue(api: httpx.Client) -> None:
+    devices = api.get("/v1/devices").json()
+    assert [lane["name"] for lane in devices["lanes"] if lane["kind"] == "cpu"] == ["cpu-0", "cpu-1"]
+    assert set(devices["queue"]) == {"cpu", "gpu", "running"}
+    assert isinstance(devices["gpus"], list)
+
+
+def test_tools_are_openai_functions_made_from_the_request_model(api: httpx.Client) -> None:
+    catalog = api.get("/v1/tools").json()
+    names = [t["function"]["name"] for t in catalog["tools"]]
+    assert names == ["compile_kernel", "run_tests", "benchmark"] and all(t["type"] == "function" for t in catalog["tools"])
+    params = catalog["tools"][0]["function"]["parameters"]
+    assert params["type"] == "object" and set(params["required"]) == {"problem", "code"}
+    assert {"problem", "code", "backend", "options", "rationale"} <= set(params["properties"])
+    assert "$ref" not in json.dumps(params) and "run_id" not in params["properties"]
+    # the same schema as the endpoint's body, field for field
+    body = api.get("/openapi.json").json()["components"]["schemas"]["SubmissionRequest"]["properties"]
+    assert set(params["properties"]) <= set(body)
+    assert catalog["endpoints"] == {"compile_kernel": "/v1/compile", "run_tests": "/v1/test", "benchmark": "/v1/benchmark"}
+    anthropic = api.get("/v1/tools", params={"format": "anthropic"}).json()["tools"]
+    assert anthropic[1]["name"] == "run_tests" and anthropic[1]["input_schema"] == params
+
+
+# ------------------------------------------------------------------------------------- problems
+
+def test_problems_list_and_detail(api: httpx.Client) -> None:
+    listed = {p["name"]: p for p in api.get("/v1/problems").json()}
+    assert listed["causal_conv1d"]["origin"] == "shipped" and listed["causal_conv1d"]["benchmark_shapes"] >= 5
+    detail = api.get("/v1/problems/causal_conv1d").json()
+    assert "class Model" in detail["source"] and detail["tolerance"]["name"] == "tf32"
+    bench = [s for s in detail["shapes"] if s["name"] == "b16_c64_o128_k3_d1_l65536"][0]
+    assert bench["flops"] == 2 * 16 * 128 * 64 * 3 * 65536 and bench["bytes"] > 0
+    _error(api.get("/v1/problems/no_such_problem"), 404, "path.name")
+
+
+RELU_PROBLEM = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+
+
+def get_inputs():
+    return [torch.randn(8, 256)]
+
+
+def get_init_inputs():
+    return [2.0]
+'''
+
+RELU_KERNEL = '''\
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return x.clamp_min(0) * self.scale
+'''
+
+
+def test_register_a_kernelbench_problem_checked_in_the_sandbox(api: httpx.Client, service: ServiceProcess) -> None:
+    created = api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM})
+    assert created.status_code == 201, created.text
+    assert created.json()["has_metadata"] is False and [s["name"] for s in created.json()["shapes"]] == ["default"]
+    assert api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM}).status_code == 200
+    _error(api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM + "\n# changed\n"}), 409, "body.name")
+    assert (service.problems_dir / "scaled_relu" / "problem.py").read_text() == RELU_PROBLEM
+    # workers import it: a candidate against it passes its tests
+    tested = api.post("/v1/test", json={"problem": "scaled_relu", "code": RELU_KERNEL, "backend": "cpu",
+                                        "options": {"seeds": 1}})
+    assert tested.status_code == 200 and tested.json()["outcome"] == "passed", tested.text
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def broken(:\n", "line 1"),
+    ("import torch\n\ndef get_inputs():\n    return []\n", "defines no Model, get_init_inputs"),
+    ("import torch\nraise SystemExit('no thanks')\nclass Model: pass\ndef get_inputs(): pass\ndef get_init_inputs(): pass\n",
+     "no thanks"),
+    (RELU_PROBLEM.replace("return [2.0]", "return [2.0, 'extra']"), "Model(2.0, 'extra') failed for shape default"),
+])
+def test_a_bad_problem_file_is_refused_with_the_reason(api: httpx.Client, source: str, message: str) -> None:
+    body = _error(api.post("/v1/problems", json={"name": "bad_problem", "source": source}), 422, "body.source")
+    assert message in body["message"]
+    assert api.get("/v1/problems/bad_problem").status_code == 404
+
+
+def test_problem_name_and_size_limits(api: httpx.Client) -> None:
+    _error(api.post("/v1/problems", json={"name": "Bad Name!", "source": RELU_PROBLEM}), 422, "body.name")
+    _error(api.post("/v1/problems", json={"name": "huge", "source": "#" * (300 << 10)}), 413, "body.source")
+
+
+# ---------------------------------------------------------------------------------------- tools
+
+def test_compile_waits_for_the_verdict(api: httpx.Client, evaluated: dict) -> None:
+    started = time.perf_counter()
+    response = api.post("/v1/compile", json=submission())
+    took = time.perf_counter() - started
+    job = response.json()
+    assert response.status_code == 200 and job["status"] == "finished" and job["outcome"] == "passed"
+    (result,) = job["results"]
+    assert result["kind"] == "compile" and result["cache_hit"] is True and result["sandbox"]["isolation"]
+    assert job["links"]["attempt"] == f"/v1/attempts/{job['attempt_id']}"
+    print(f"\ncompile round trip, cached build: {took:.2f} s")
+
+
+def test_evaluate_runs_all_three_steps(evaluated: dict, api: httpx.Client) -> None:
+    job = evaluated["job"]
+    assert job["steps"] == ["compile", "test", "benchmark"] and job["outcome"] == "passed"
+    assert [r["kind"] for r in job["results"]] == ["compile", "test", "benchmark"]
+    assert all(r["status"] == "passed" for r in job["results"])
+    assert job["results"][2]["geomean_speedup"] > 0
+    attempt = api.get(f"/v1/attempts/{job['attempt_id']}").json()
+    assert attempt["correct"] is True and attempt["speedup"] == job["results"][2]["geomean_speedup"]
+    assert attempt["rationale"] == "the shipped example" and attempt["step"] == 0 and attempt["proposer"] == "api"
+
+
+def test_evaluate_stops_at_the_first_failure(api: httpx.Client) -> None:
+    broken = python_conv().replace("        length = x.shape[-1]", "        length = x.shape[-1")
+    line = broken.splitlines().index("        length = x.shape[-1") + 1
+    job = api.post("/v1/evaluate", json=submission(code=broken, options=QUICK_EVAL)).json()
+    assert job["outcome"] == "compile_error" and [r["kind"] for r in job["results"]] == ["compile"]
+    diagnostics = job["results"][0]["diagnostics"]
+    assert any(d["severity"] == "error" and d["line"] == line for d in diagnostics), (line, diagnostics)
+    wrong = python_conv(tail=" * 1.01")
+    job = api.post("/v1/test", json=submission(code=wrong, options=QUICK_TEST)).json()
+    assert job["outcome"] == "wrong_result" and job["results"][0]["checks"][0]["first_mismatch"] is not None
+    detail = api.get(f"/v1/attempts/{job['attempt_id']}").json()
+    assert detail["status"] == "wrong_result" and detail["correct"] is False
+
+
+def test_benchmark_tool(api: httpx.Client) -> None:
+    job = api.post("/v1/benchmark", json=submission(options=QUICK_EVAL)).json()
+    assert job["outcome"] == "passed" and job["results"][0]["shapes"][0]["speedup"] > 0
+
+
+def test_wait_false_answers_202_with_the_job(api: httpx.Client) -> None:
+    response = api.post("/v1/compile", params={"wait": "false"}, json=submission(code=python_conv("# wait=false")))
+    assert response.status_code == 202 and response.headers["location"] == f"/v1/jobs/{response.json()['id']}"
+    assert response.json()["status"] in ("queued", "running")
+    job_id = response.json()["id"]
+    for _ in range(300):
+        job = api.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] == "finished":
+            break
+        time.sleep(0.2)
+    assert job["outcome"] == "passed"
+    listed = api.get("/v1/jobs", params={"status": "finished", "limit": 500}).json()
+    assert job_id in [j["id"] for j in listed["items"]]
+
+
+def test_a_short_wait_bound_answers_202(api: httpx.Client) -> None:
+    response = api.post("/v1/compile", params={"timeout_s": 0.05},
+                        json=submission(code=python_conv("import time\ntime.sleep(1)")))
+    assert response.status_code == 202 and response.json()["status"] in ("queued", "running")
+
+
+def test_the_same_code_in_a_run_is_one_attempt(api: httpx.Client, evaluated: dict) -> None:
+    run_id = evaluated["run"]["id"]
+    again = api.post("/v1/compile", json=submission(run_id=run_id)).json()
+    assert again["reused_attempt"] is True and again["attempt_id"] == evaluated["job"]["attempt_id"]
+    detail = api.get(f"/v1/attempts/{again['attempt_id']}").json()
+    assert [e["kind"] for e in detail["evaluations"]] == ["compile", "test", "benchmark", "compile"]
+    assert detail["jobs"] == [evaluated["job"]["id"], again["id"]]
+
+
+def test_sse_streams_progress_until_finished(api: httpx.Client) -> None:
+    job = api.post("/v1/test", params={"wait": "false"}, json=submission(options=QUICK_TEST)).json()
+    events = []
+    with api.stream("GET", f"/v1/jobs/{job['id']}/events") as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        event: dict = {}
+        for line in stream.iter_lines():
+            if line.startswith(("id:", "event:", "data:")):
+                key, _, value = line.partition(": ")
+                event[key] = value
+            elif not line and event:
+                events.append(event)
+                event = {}
+    types = [e["event"] for e in events]
+    assert types[0] == "queued" and types[1] == "started" and types[-1] == "finished"
+    assert "progress" in types and "step_finished" in types
+    assert json.loads(events[-1]["data"])["data"]["outcome"] == "passed"
+    ids = [int(e["id"]) for e in events]
+    assert ids == sorted(ids)
+    # a reconnect with Last-Event-ID replays only what came after
+    with api.stream("GET", f"/v1/jobs/{job['id']}/events", headers={"Last-Event-ID": str(ids[1])}) as stream:
+        replayed = [int(line[4:]) for line in stream.iter_lines() if line.startswith("id: ")]
+    assert replayed == ids[2:]
+
+
+def test_compile_on_the_cuda_backend_without_a_gpu_builds_only(api: httpx.Client) -> None:
+    if HAS_GPU:
+        pytest.skip("this machine has a GPU: the GPU-marked test covers the cuda backend")
+    job = api.post("/v1/compile", json=submission(code=python_conv("# cuda"), backend="cuda")).json()
+    assert job["outcome"] == "passed" and "no GPU visible" in job["results"][0]["device"]
+    _error(api.post("/v1/test", json=submission(backend="cuda")), 422, "body.backend")
+
+
+def test_sandboxed_code_sees_neither_the_database_nor_the_token(api: httpx.Client, service: ServiceProcess) -> None:
+    server_pid = service.proc.pid  # type: ignore[union-attr]
+    probe = python_conv(prelude=f'''
+import os
+_seen = {{
+    "db": os.path.exists({str(service.db)!r}),
+    "data_dir": sorted(os.listdir({str(service.data_dir)!r})) if os.path.isdir({str(service.data_dir)!r}) else None,
+    "token_in_env": any({TOKEN!r} in v for v in os.environ.values()),
+    "kernelloop_env": sorted(k for k in os.environ if k.startswith("KERNELLOOP")),
+    "service_environ": os.path.exists("/proc/{server_pid}/environ"),
+}}
+raise RuntimeError("SEEN " + repr(_seen))
+''')
+    job = api.post("/v1/compile", json=submission(code=probe)).json()
+    message = job["results"][0]["message"]
+    seen = eval(message[message.index("SEEN ") + 5:].split("\n")[0])
+    assert seen["token_in_env"] is False and seen["kernelloop_env"] == []
+    if job["results"][0]["sandbox"]["isolation"] == "bubblewrap":
+        assert seen["db"] is False and seen["service_environ"] is False
+        assert set(seen["data_dir"]) <= {"build-cache", "jobs"}  # only the job's own folders are bound in
+
+
+# ---------------------------------------------------------------------------------------- history
+
+def test_runs_create_list_show_update(api: httpx.Client, evaluated: dict) -> None:
+    run_id = evaluated["run"]["id"]
+    shown = api.get(f"/v1/runs/{run_id}").json()
+    assert shown["attempts"] >= 1 and shown["best_attempt_id"] == evaluated["job"]["attempt_id"] and shown["best_speedup"] > 0
+    listed = api.get("/v1/runs", params={"problem": "causal_conv1d"}).json()
+    assert run_id in [r["id"] for r in listed["items"]]
+    updated = api.patch(f"/v1/runs/{run_id}", json={"status": "finished", "meta": {"tokens": 1234}}).json()
+    assert updated["status"] == "finished" and updated["finished_at"] and updated["meta"] == {"tokens": 1234}
+    updated = api.patch(f"/v1/runs/{run_id}", json={"meta": {"cost": 0.5}}).json()
+    assert updated["meta"] == {"tokens": 1234, "cost": 0.5}
+    _error(api.get("/v1/runs/999999"), 404, "path.run_id")
+    _error(api.post("/v1/runs", json={"problem": "nope"}), 422, "body.problem")
+
+
+def test_attempts_filter_sort_page_detail_and_diff(api: httpx.Client, evaluated: dict) -> None:
+    run_id = evaluated["run"]["id"]
+    parent = evaluated["job"]["attempt_id"]
+    child = api.post("/v1/test", json=submission(code=python_conv("# child"), run_id=run_id, parent_attempt_id=parent,
+                                                 step=1, proposer="search", options=QUICK_TEST)).json()
+    page = api.get("/v1/attempts", params={"run_id": run_id, "sort": "step", "order": "asc"}).json()
+    assert [a["id"] for a in page["items"]] == [parent, child["attempt_id"]] and page["total"] == 2
+    assert "code" not in page["items"][0]
+    fast = api.get("/v1/attempts", params={"run_id": run_id, "min_speedup": 0.0001}).json()
+    assert [a["id"] for a in fast["items"]] == [parent]
+    by_proposer = api.get("/v1/attempts", params={"run_id": run_id, "proposer": "search", "status": "passed"}).json()
+    assert [a["id"] for a in by_proposer["items"]] == [child["attempt_id"]]
+    second_page = api.get("/v1/attempts", params={"run_id": run_id, "limit": 1, "offset": 1, "sort": "id"}).json()
+    assert [a["id"] for a in second_page["items"]] == [parent] and second_page["total"] == 2
+    detail = api.get(f"/v1/attempts/{child['attempt_id']}").json()
+    assert detail["code"].startswith("import torch") and detail["parent_id"] == parent
+    assert detail["evaluations"][0]["result"]["kind"] == "test" and detail["evaluations"][0]["started_at"]
+    diff = api.get(f"/v1/attempts/{child['attempt_id']}/diff").json()
+    assert diff["from_attempt"] == parent and diff["diff"].startswith("--- attempt") and not diff["identical"]
+    same = api.get(f"/v1/attempts/{parent}/diff", params={"against": parent}).json()
+    assert same["identical"] and same["diff"] == ""
+    _error(api.get(f"/v1/attempts/{parent}/diff"), 422, "query.against")
+    _error(api.get("/v1/attempts/99999999"), 404, "path.attempt_id")
+    _error(api.get("/v1/attempts", params={"sort": "colour"}), 422, "query.sort")
+
+
+def test_leaderboards(api: httpx.Client, evaluated: dict) -> None:
+    best = {e["problem"]: e for e in api.get("/v1/leaderboard").json()}
+    assert best["causal_conv1d"]["speedup"] > 0
+    board = api.get("/v1/problems/causal_conv1d/leaderboard", params={"backend": "cpu"}).json()
+    assert evaluated["job"]["attempt_id"] in [e["attempt_id"] for e in board]
+    assert [e["rank"] for e in board] == list(range(1, len(board) + 1))
+
+
+def test_a_thousand_attempts_page_in_under_100_ms(api: httpx.Client, service: ServiceProcess) -> None:
+    """1,000 attempts written into the service's own database, queried over HTTP."""
+    engine = open_database(database_url(str(service.db)), create=False)
+    with Session(engine) as session:
+        problem = problems.get_problem(session, "mamba_causal_conv1d")
+        run = history.create_run(session, problem, RunCreate(problem="mamba_causal_conv1d", name="thousand"))
+        run_id = run.id
+        now = utcnow()
+        for i in range(1000):
+            sha = history.store_code(session, f"# mamba attempt {i}\n")
+            attempt = Attempt(problem_id=problem.id, run_id=run_id, backend="cpu", code_sha256=sha, step=i,
+                              proposer="search")
+            session.add(attempt)
+            session.flush()
+            compiled = CompileResult(status=Status.passed, problem="mamba_causal_conv1d", backend="cpu")
+            tested = TestResult(status=Status.passed if i % 4 else Status.wrong_result, problem="mamba_causal_conv1d",
+                                backend="cpu", compile=compiled)
+            history.record_evaluation(session, attempt.id, None, tested, created_at=now, started_at=now, finished_at=now)
+            if i % 4:
+                timed = BenchmarkResult(status=Status.passed, problem="mamba_causal_conv1d", backend="cpu",
+                                        geomean_speedup=0.5 + (i * 37 % 1000) / 100)
+                history.record_evaluation(session, attempt.id, None, timed, created_at=now, started_at=now, finished_at=now)
+    engine.dispose()
+    params = {"problem": "mamba_causal_conv1d", "run_id": run_id, "status": "passed", "min_speedup": 2.0,
+              "sort": "speedup", "order": "desc", "limit": 50, "offset": 20}
+    api.get("/v1/attempts", params=params)
+    times = []
+    for _ in range(7):
+        started = time.perf_counter()
+        response = api.get("/v1/attempts", params=params)
+        times.append(time.perf_counter() - started)
+    page = response.json()
+    speeds = [a["speedup"] for a in page["items"]]
+    assert len(speeds) == 50 and speeds == sorted(speeds, reverse=True) and min(speeds) >= 2.0
+    assert page["total"] == sum(1 for i in range(1000) if i % 4 and 0.5 + (i * 37 % 1000) / 100 >= 2.0)
+    median = statistics.median(times)
+    print(f"\n1000-attempt filtered, sorted page: median {median * 1000:.1f} ms, max {max(times) * 1000:.1f} ms")
+    assert median < 0.1
+
+
+def test_history_cli(service: ServiceProcess, evaluated: dict) -> None:
+    def cli(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "tools.cli", "history", *args, "--db", str(service.db)],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    run_id, attempt_id = evaluated["run"]["id"], evaluated["job"]["attempt_id"]
+    assert "api-tests" in cli("runs")
+    table = cli("attempts", "--run", str(run_id), "--sort", "step", "--order", "asc")
+    assert f"{attempt_id:>6}" in table and "attempts" in table.splitlines()[-1]
+    shown = cli("show", str(attempt_id), "--code")
+    assert "benchmark" in shown and "passed" in shown and "load_inline" in shown
+    assert json.loads(cli("show", str(attempt_id), "--json"))["id"] == attempt_id
+    assert "causal_conv1d" in cli("best")
+    assert json.loads(cli("attempts", "--run", str(run_id), "--json"))["total"] >= 1
+    missing = subprocess.run([sys.executable, "-m", "tools.cli", "history", "runs", "--db", str(service.db) + ".absent"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "no database at" in missing.stderr
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+def test_auth_is_required_for_changes_only(service: ServiceProcess) -> None:
+    with service.client(auth=False) as anonymous:
+        assert anonymous.get("/v1/problems").status_code == 200
+        body = _error(anonymous.post("/v1/compile", json=submission()), 401, "header.Authorization")
+        assert "Bearer" in body["fix"]
+        _error(anonymous.post("/v1/runs", json={"problem": "causal_conv1d"}), 401)
+        _error(anonymous.post("/v1/runs", json={"problem": "causal_conv1d"}, headers={"Authorization": "Bearer nope"}), 401)
+        _error(anonymous.patch("/v1/runs/1", json={"notes": "x"}), 401)
+
+
+@pytest.mark.parametrize("body, status, field, words", [
+    ({"problem": "no_such", "code": "x"}, 422, "body.problem", "unknown problem"),
+    ({"problem": "causal_conv1d", "code": ""}, 422, "body.code", "at least 1 character"),
+    ({"problem": "causal_conv1d", "code": "   \n"}, 422, "body.code", "only whitespace"),
+    ({"problem": "causal_conv1d"}, 422, "body.code", "required"),
+    ({"problem": "causal_conv1d", "code": "x", "backend": "rocm"}, 422, "body.backend", "'cuda' or 'cpu'"),
+    ({"problem": "causal_conv1d", "code": "x", "options": {"seeds": 0}}, 422, "body.options.seeds", "greater than"),
+    ({"problem": "causal_conv1d", "code": "x", "options": {"shapes": ["nope"]}}, 422, "body.options.shapes", "no shape"),
+    ({"problem": "causal_conv1d", "code": "x", "run_id": 987654}, 422, "body.run_id", "no run"),
+    ({"problem": "causal_conv1d", "code": "x", "parent_attempt_id": 987654}, 422, "body.parent_attempt_id", "no attempt"),
+    ({"problem": "causal_conv1d", "code": "x\u0000"}, 422, "body", "NUL"),
+    ([1, 2], 422, "body", "valid dictionary"),
+])
+def test_bad_submissions_get_a_4xx_naming_the_field(api: httpx.Client, body: object, status: int, field: str,
+                                                     words: str) -> None:
+    answer = _error(api.post("/v1/test", json=body), status, field)
+    assert words in answer["message"], answer
+
+
+def test_benchmark_shapes_must_include_one_to_time(api: httpx.Client) -> None:
+    answer = _error(api.post("/v1/benchmark", json=submission(options={"shapes": ["small"]})), 422, "body.options.shapes")
+    assert "cpu_b4_c64_o64_k3_d1_l8192" in answer["fix"]
+
+
+def test_malformed_json_and_oversize_bodies(api: httpx.Client) -> None:
+    answer = _error(api.post("/v1/compile", content=b'{"problem": "causal_conv1d", "code": ',
+                             headers={"Content-Type": "application/json"}), 400, "body")
+    assert answer["error"] == "malformed_json"
+    _error(api.post("/v1/compile", content=b"", headers={"Content-Type": "application/json"}), 422, "body")
+    big_code = "#" * ((1 << 20) + 10)
+    _error(api.post("/v1/compile", json=submission(code=big_code)), 413, "body.code")
+    _error(api.post("/v1/compile", content=b"x" * (5 << 20), headers={"Content-Type": "application/json"}), 413, "body")
+
+    def chunks():
+        for _ in range(5):
+            yield b" " * (1 << 20)
+
+    _error(api.post("/v1/compile", content=chunks(), headers={"Content-Type": "application/json"}), 413, "body")
+
+
+def test_unknown_routes_and_methods_answer_json(api: httpx.Client) -> None:
+    assert _error(api.get("/v1/nothing"), 404)["error"] == "not_found"
+    assert _error(api.delete("/v1/problems"), 405)["error"] == "method_not_allowed"
+    _error(api.get("/v1/jobs/0"), 422, "path.job_id")
+    _error(api.get("/v1/jobs/123456789"), 404, "path.job_id")
+    _error(api.get("/v1/jobs/123456789/events"), 404, "path.job_id")
+    _error(api.get(f"/v1/jobs/{2**70}"), 422, "path.job_id")
+
+
+# ----------------------------------------------------------------------------- without a token
+
+@pytest.fixture(scope="module")
+def open_service():
+    svc = ServiceProcess("open", token=None, cpu_workers=1, rate_limit=4).start()
+    yield svc
+    svc.stop()
+
+
+def test_without_a_token_changes_are_open_on_loopback_and_rate_limited(open_service: ServiceProcess) -> None:
+    assert "listens on loopback only" in open_service.log_text()
+    with open_service.client() as client:
+        assert client.get("/v1/health").json()["auth"] == "none"
+        answers = [client.post("/v1/runs", json={"problem": "causal_conv1d"}) for _ in range(5)]
+        assert [a.status_code for a in answers[:4]] == [201] * 4
+        limited = _error(answers[4], 429)
+        assert int(answers[4].headers["Retry-After"]) >= 1 and "wait" in limited["fix"]
+        assert client.get("/v1/runs").status_code == 200  # reads are not limited
+
+
+def test_serve_refuses_a_public_address_without_a_token(open_service: ServiceProcess) -> None:
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "serve", "--host", "0.0.0.0", "--port", "1"], cwd=REPO,
+                         env=open_service.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "refusing to listen on 0.0.0.0 without an API token" in out.stderr
+
+
+def test_serve_refuses_a_database_outside_the_data_folder(open_service: ServiceProcess, tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "serve", "--port", "1", "--db", str(tmp_path / "x.sqlite3")],
+                         cwd=REPO, env=open_service.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "outside the data folder" in out.stderr and not (tmp_path / "x.sqlite3").exists()

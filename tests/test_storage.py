@@ -1,0 +1,342 @@
+"""storage/: the versioned schema, SQLite's settings, the history's bookkeeping and the queue, on real
+SQLite files (no service, no mocks)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, text
+from sqlmodel import Session, SQLModel, select
+
+from storage import history, problems, queue
+from storage.database import (
+    SchemaError,
+    create_db_engine,
+    database_url,
+    describe_url,
+    ensure_schema,
+    open_database,
+)
+from storage.models import (
+    SCHEMA_VERSION,
+    Attempt,
+    AttemptFilter,
+    AttemptStatus,
+    CodeBlob,
+    Job,
+    JobEvent,
+    JobStatus,
+    RunCreate,
+    SchemaInfo,
+    SubmissionRequest,
+    utcnow,
+)
+from tools.jobs import EvalOptions
+from tools.results import BenchmarkResult, CompileResult, Status, TestResult
+
+
+# Set KERNELLOOP_TEST_DATABASE_URL (e.g. postgresql+psycopg://kl@127.0.0.1:5432/kltest, an empty database the
+# tests may wipe) to run the history and queue tests on that database too.
+OTHER_DATABASE = os.environ.get("KERNELLOOP_TEST_DATABASE_URL")
+
+
+@pytest.fixture(params=["sqlite", "other"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path):
+    if request.param == "sqlite":
+        url = database_url(str(tmp_path / "kl.sqlite3"))
+    elif OTHER_DATABASE:
+        url = OTHER_DATABASE
+        wipe = create_db_engine(url)
+        SQLModel.metadata.drop_all(wipe)
+        wipe.dispose()
+    else:
+        pytest.skip("KERNELLOOP_TEST_DATABASE_URL is not set")
+    engine = open_database(url)
+    with Session(engine) as session:
+        problems.sync_shipped(session)
+    yield engine
+    engine.dispose()
+
+
+def _problem(session: Session, name: str = "causal_conv1d"):
+    row = problems.get_problem(session, name)
+    assert row is not None
+    return row
+
+
+def _attempt(session: Session, code: str = "class ModelNew: pass", **fields) -> tuple[Attempt, bool]:
+    request = SubmissionRequest(problem="causal_conv1d", code=code, **fields)
+    return history.create_attempt(session, _problem(session), request, "cpu", "test")
+
+
+def _compiled(status: Status = Status.passed) -> CompileResult:
+    return CompileResult(status=status, problem="causal_conv1d", backend="cpu", device="cpu", build_seconds=1.5,
+                         log="g++ ... ok", toolchain={"torch": "2.14.1"})
+
+
+# ------------------------------------------------------------------------------------ the schema
+
+def test_new_database_has_the_schema_version_wal_and_busy_timeout(tmp_path: Path) -> None:
+    engine = open_database(database_url(str(tmp_path / "new.sqlite3")))
+    with Session(engine) as session:
+        assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION
+    with engine.connect() as connection:
+        assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert connection.execute(text("PRAGMA busy_timeout")).scalar() >= 5000
+        assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
+    tables = set(inspect(engine).get_table_names())
+    assert {"problems", "runs", "code", "attempts", "evaluations", "jobs", "job_events", "kernelloop_schema"} <= tables
+
+
+def test_a_newer_database_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    url = database_url(str(tmp_path / "newer.sqlite3"))
+    engine = open_database(url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE kernelloop_schema SET version = 99"))
+    with pytest.raises(SchemaError, match=r"v99, newer than this kernelloop's v1: upgrade kernelloop"):
+        ensure_schema(engine)
+
+
+def test_tables_without_a_version_are_refused(tmp_path: Path) -> None:
+    engine = open_database(database_url(str(tmp_path / "legacy.sqlite3")))
+    with engine.begin() as connection:
+        connection.execute(text("DROP TABLE kernelloop_schema"))
+    with pytest.raises(SchemaError, match="no schema version.*move it aside"):
+        ensure_schema(engine)
+
+
+def test_an_older_database_is_upgraded_by_its_migrations(tmp_path: Path) -> None:
+    engine = open_database(database_url(str(tmp_path / "old.sqlite3")))
+    with Session(engine) as session:
+        problems.sync_shipped(session)
+
+    def add_column(connection) -> None:
+        connection.execute(text("ALTER TABLE attempts ADD COLUMN reviewer TEXT"))
+
+    assert ensure_schema(engine, version=SCHEMA_VERSION + 1, migrations={SCHEMA_VERSION: add_column}) == SCHEMA_VERSION
+    assert "reviewer" in {c["name"] for c in inspect(engine).get_columns("attempts")}
+    with Session(engine) as session:
+        info = session.exec(select(SchemaInfo)).one()
+        assert info.version == SCHEMA_VERSION + 1 and info.upgraded_at is not None
+    # and without a migration path it is refused, saying how to keep the history
+    with pytest.raises(SchemaError, match=r"no upgrade from v2.*kernelloop history attempts --json"):
+        ensure_schema(engine, version=SCHEMA_VERSION + 2, migrations={})
+
+
+def test_urls_and_absent_files(tmp_path: Path) -> None:
+    assert database_url("x.sqlite3").startswith("sqlite:////")
+    assert database_url("postgresql://u:secret@db/kl") == "postgresql://u:secret@db/kl"
+    assert "secret" not in describe_url("postgresql://u:secret@db/kl")
+    with pytest.raises(SchemaError, match="no database at .*kernelloop serve"):
+        open_database(database_url(str(tmp_path / "absent.sqlite3")), create=False)
+    assert not (tmp_path / "absent.sqlite3").exists()
+
+
+# ----------------------------------------------------------------------------------- the history
+
+def test_code_is_stored_once_and_a_run_reuses_its_attempt(engine) -> None:
+    with Session(engine) as session:
+        run = history.create_run(session, _problem(session), RunCreate(problem="causal_conv1d", proposer="search"))
+        first, reused_first = _attempt(session, run_id=run.id, step=1, proposer="search", rationale="baseline")
+        again, reused_again = _attempt(session, run_id=run.id, step=2)
+        elsewhere, reused_elsewhere = _attempt(session)
+        assert (reused_first, reused_again, reused_elsewhere) == (False, True, False)
+        assert again.id == first.id and elsewhere.id != first.id
+        assert len(session.exec(select(CodeBlob)).all()) == 1
+        assert first.rationale == "baseline" and first.step == 1
+
+
+def test_concurrent_submissions_of_one_code_in_a_run_make_one_attempt(engine) -> None:
+    with Session(engine) as session:
+        run_id = history.create_run(session, _problem(session), RunCreate(problem="causal_conv1d")).id
+    barrier, ids, errors = threading.Barrier(8), [], []
+
+    def submit() -> None:
+        try:
+            with Session(engine) as session:
+                barrier.wait()
+                attempt, _ = _attempt(session, code="# the same kernel", run_id=run_id)
+                ids.append(attempt.id)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(ids) == 8 and len(set(ids)) == 1
+
+
+def test_evaluations_keep_the_full_result_and_update_the_summary(engine) -> None:
+    with Session(engine) as session:
+        attempt, _ = _attempt(session)
+        now = utcnow()
+        history.record_evaluation(session, attempt.id, None, _compiled(), created_at=now, started_at=now, finished_at=now)
+        tested = TestResult(status=Status.passed, problem="causal_conv1d", backend="cpu", device="cpu", compile=_compiled())
+        history.record_evaluation(session, attempt.id, None, tested, created_at=now, started_at=now, finished_at=now)
+        timed = BenchmarkResult(status=Status.passed, problem="causal_conv1d", backend="cpu", device="cpu",
+                                compile=_compiled(), geomean_speedup=1.75)
+        history.record_evaluation(session, attempt.id, None, timed, created_at=now, started_at=now, finished_at=now)
+        detail = history.attempt_detail(session, attempt.id)
+    assert detail is not None
+    assert (detail.status, detail.stage, detail.compiled, detail.correct, detail.speedup) == (
+        AttemptStatus("passed"), "benchmark", True, True, 1.75)
+    assert [e.kind for e in detail.evaluations] == ["compile", "test", "benchmark"]
+    assert isinstance(detail.evaluations[2].result, BenchmarkResult) and detail.evaluations[2].speedup == 1.75
+    assert detail.evaluations[0].log == "g++ ... ok" and detail.evaluations[0].toolchain == {"torch": "2.14.1"}
+
+
+def test_a_compile_error_marks_the_attempt_not_compiled(engine) -> None:
+    with Session(engine) as session:
+        attempt, _ = _attempt(session, code="def broken(:")
+        now = utcnow()
+        history.record_evaluation(session, attempt.id, None, _compiled(Status.compile_error),
+                                  created_at=now, started_at=now, finished_at=now)
+        summary = history.attempt_summary(session, attempt.id)
+    assert summary is not None and summary.compiled is False and summary.correct is None
+    assert summary.status == AttemptStatus("compile_error")
+
+
+def test_diff_and_leaderboard(engine) -> None:
+    with Session(engine) as session:
+        a, _ = _attempt(session, code="x = 1\ny = 2\n")
+        b, _ = _attempt(session, code="x = 1\ny = 3\n", parent_attempt_id=a.id)
+        now = utcnow()
+        for attempt, speedup in ((a, 1.2), (b, 2.5)):
+            tested = TestResult(status=Status.passed, problem="causal_conv1d", backend="cpu", compile=_compiled())
+            timed = BenchmarkResult(status=Status.passed, problem="causal_conv1d", backend="cpu", geomean_speedup=speedup)
+            for result in (tested, timed):
+                history.record_evaluation(session, attempt.id, None, result, created_at=now, started_at=now, finished_at=now)
+        diff = history.diff_attempts(session, a.id, b.id)
+        board = history.leaderboard(session, problem_id=_problem(session).id)
+        best = history.leaderboard(session)
+    assert diff is not None and "-y = 2" in diff.diff and "+y = 3" in diff.diff and not diff.identical
+    assert [(e.rank, e.attempt_id) for e in board] == [(1, b.id), (2, a.id)]
+    assert [(e.problem, e.attempt_id) for e in best] == [("causal_conv1d", b.id)]
+
+
+def test_a_thousand_attempts_answer_a_filtered_sorted_page_fast(engine) -> None:
+    with Session(engine) as session:
+        problem = _problem(session)
+        for i in range(1000):
+            sha = history.store_code(session, f"# attempt {i}\n")
+            session.add(Attempt(problem_id=problem.id, backend="cpu", code_sha256=sha, step=i,
+                                status="passed" if i % 3 else "wrong_result", correct=bool(i % 3),
+                                speedup=(i % 97) / 10 if i % 3 else None))
+        session.commit()
+        f = AttemptFilter(problem="causal_conv1d", status=AttemptStatus("passed"), min_speedup=2.0, sort="speedup",
+                          order="desc", limit=50, offset=10)
+        history.list_attempts(session, f)  # warm
+        started = time.perf_counter()
+        page = history.list_attempts(session, f)
+        took = time.perf_counter() - started
+    speeds = [a.speedup for a in page.items]
+    assert len(page.items) == 50 and page.total > 300
+    assert speeds == sorted(speeds, reverse=True) and min(speeds) >= 2.0
+    assert took < 0.1, f"{took * 1000:.1f} ms"
+
+
+# -------------------------------------------------------------------------------------- the queue
+
+def test_steps_and_lanes() -> None:
+    assert queue.steps_for("compile", "cuda") == ["compile"]
+    assert queue.steps_for("test", "cuda") == ["compile", "test"]
+    assert queue.steps_for("test", "cpu") == ["test"]
+    assert queue.steps_for("evaluate", "cpu") == ["compile", "test", "benchmark"]
+    assert [queue.lane_kind(s, "cuda") for s in ("compile", "test", "benchmark")] == ["cpu", "gpu", "gpu"]
+    assert {queue.lane_kind(s, "cpu") for s in ("compile", "test", "benchmark")} == {"cpu"}
+
+
+def test_concurrent_lanes_never_claim_the_same_job(engine) -> None:
+    with Session(engine) as session:
+        ids = []
+        for i in range(24):
+            attempt, _ = _attempt(session, code=f"# {i}")
+            ids.append(queue.enqueue(session, attempt, "compile", EvalOptions(), "test").id)
+    claimed: dict[str, list[int]] = {}
+
+    def lane(name: str) -> None:
+        mine = claimed.setdefault(name, [])
+        while (job_id := queue.claim_next(engine, "cpu", name)) is not None:
+            mine.append(job_id)
+
+    threads = [threading.Thread(target=lane, args=(f"cpu-{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = [j for jobs in claimed.values() for j in jobs]
+    assert sorted(everything) == sorted(ids)  # each exactly once
+    with Session(engine) as session:
+        assert all(j.status == JobStatus.running.value for j in session.exec(select(Job)).all())
+
+
+def test_queue_positions_and_a_finished_step_moves_the_job_on(engine) -> None:
+    with Session(engine) as session:
+        first, _ = _attempt(session, code="# a")
+        second, _ = _attempt(session, code="# b")
+        job_a = queue.enqueue(session, first, "evaluate", EvalOptions(), "test")
+        job_b = queue.enqueue(session, second, "compile", EvalOptions(), "test")
+        assert (queue.queue_position(session, job_a), queue.queue_position(session, job_b)) == (1, 2)
+    assert queue.claim_next(engine, "cpu", "cpu-0") == job_a.id
+    now = utcnow()
+    job = queue.finish_step(engine, job_a.id, _compiled(), started_at=now, finished_at=now)
+    assert (job.status, job.step_index, job.needs) == (JobStatus.queued.value, 1, "cpu")
+    with Session(engine) as session:
+        public = queue.job_public(session, session.get(Job, job_a.id))
+        assert public.queue_position == 1 and len(public.results) == 1  # older than job b: first again
+        types = [e.type for e in queue.events_after(session, job_a.id)]
+    assert types == ["queued", "started", "step_finished", "queued"]
+
+
+def test_jobs_left_running_are_requeued_then_failed_after_too_many_interruptions(engine) -> None:
+    with Session(engine) as session:
+        attempt, _ = _attempt(session)
+        job = queue.enqueue(session, attempt, "compile", EvalOptions(), "test")
+        attempt_id = attempt.id
+    for round_ in (1, 2):
+        assert queue.claim_next(engine, "cpu", "cpu-0") == job.id
+        assert queue.requeue_running(engine, max_interruptions=1, reason="test restart") == [job.id]
+        with Session(engine) as session:
+            row = session.get(Job, job.id)
+            events = [e.type for e in session.exec(select(JobEvent).where(JobEvent.job_id == job.id)).all()]
+            if round_ == 1:
+                assert (row.status, row.interruptions) == (JobStatus.queued.value, 1)
+                assert "interrupted (test restart) during step compile on lane cpu-0; queued again" in row.note
+                assert events[-2:] == ["interrupted", "requeued"]
+            else:
+                assert (row.status, row.interruptions) == (JobStatus.failed.value, 2)
+                assert "interrupted 2 times" in row.note and events[-2:] == ["interrupted", "failed"]
+                assert session.get(Attempt, attempt_id).status == "failed"
+
+
+def test_a_busy_database_makes_writers_wait_instead_of_failing(tmp_path: Path) -> None:
+    url = database_url(str(tmp_path / "busy.sqlite3"))
+    open_database(url).dispose()
+    holder, writer = create_db_engine(url), create_db_engine(url)
+    errors: list[BaseException] = []
+    with holder.connect() as connection:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")  # hold the write lock for a moment
+        connection.exec_driver_sql("UPDATE kernelloop_schema SET version = version")
+
+        def write() -> None:
+            try:
+                with Session(writer) as session:
+                    history.store_code(session, "waited for the lock")
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        time.sleep(1.0)
+        assert thread.is_alive()  # waiting on the lock, not failed
+        connection.exec_driver_sql("COMMIT")
+        thread.join(timeout=30)
+    assert not errors
+    with Session(writer) as session:
+        assert len(session.exec(select(CodeBlob)).all()) == 1
