@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     sandbox_hidden_paths: list[Path] = Field(
         [], description="more files or folders submitted code must not see (the data folder and .env always are)"
     )
+    build_cache_dir: Path | None = Field(
+        None, description="share one build cache among data folders (default: build-cache inside data_dir)"
+    )
     cuda_arch_list: str = Field(
         "9.0", description="TORCH_CUDA_ARCH_LIST for builds on a machine without a GPU (on a GPU: read off the device)"
     )
@@ -83,7 +86,7 @@ class Settings(BaseSettings):
 
     @property
     def cache_dir(self) -> Path:
-        return self.data_dir.resolve() / "build-cache"
+        return (self.build_cache_dir or self.data_dir / "build-cache").resolve()
 
     @property
     def jobs_dir(self) -> Path:
