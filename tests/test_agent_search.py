@@ -91,7 +91,7 @@ def test_search_on_the_gpu_from_the_naive_baseline(tmp_path: Path) -> None:
             "--backend",
             "cuda",
             "--iterations",
-            "8",
+            "3",
             "--json",
         ],
         cwd=REPO,

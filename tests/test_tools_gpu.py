@@ -122,11 +122,8 @@ def test_work_on_a_side_stream_is_timed_in_full(workspace, gpu_kernels, current_
                            workspace.settings)
 
     side = result.shapes[0]
-    # racing the input refresh on the current stream may make its timed outputs wrong (suspicious), but
-    # it must never look faster than the memory floor: its time is the kernel's time
-    assert side.status == Status.passed or "memory floor" not in side.message, side.message
-    if side.status == Status.passed:
-        assert "outside the timed stream" in side.message, side.message
+    # the candidate is bracketed by device-wide synchronizes: its side stream is inside the interval
+    assert side.status == Status.passed, side.message
     same = current_stream_benchmark[SIDE_STREAM_SHAPE].candidate.median_ms
     assert side.candidate.median_ms == pytest.approx(same, rel=0.25), (side.candidate, same)
 
