@@ -22,7 +22,7 @@ from agent.models import AgentRunConfig, AttemptLine, Outcome, Proposal, Propose
 from agent.progress import Progress
 from agent.proposers.base import LoopView, Proposer
 from agent.service_client import ServiceClient, ServiceFailure
-from storage.models import AttemptSummary, JobEventPublic, JobStatus, RunStatus, RunUpdate, SubmissionRequest
+from storage.models import AttemptSummary, JobEventPublic, RunStatus, RunUpdate, SubmissionRequest
 
 REGRESSION_MARGIN = 0.97  # slower than 97% of the best counts as a regression
 FATAL_SERVICE_FAILURES = {"unreachable", "timeout", "server_error", "bad_response"}
@@ -30,7 +30,8 @@ MAX_REJECTIONS_IN_A_ROW = 3
 
 
 class AttemptFacts(BaseModel):
-    """What the service's attempt summary says, mirrored: the latest test verdict, the best passed benchmark."""
+    """What the service's attempt summary says, mirrored: the latest counted test verdict, the latest timing of
+    every benchmark shape."""
 
     correct: bool | None = None
     speedup: float | None = None
@@ -181,15 +182,7 @@ class RunLoop:
         if isinstance(job, ServiceFailure):
             return self._service_failure(trajectory, step, proposal, parent, job, seconds)
         self.rejections_in_a_row = 0
-        if job.status == JobStatus.failed:
-            status, message, correct, speedup = (
-                "service_error",
-                job.note or "the service could not run the job",
-                None,
-                None,
-            )
-        else:
-            status, message, correct, speedup = outcome_fields(list(job.results))
+        status, message, correct, speedup = outcome_fields(job)
         return Outcome(
             step=step,
             trajectory=trajectory,
@@ -245,7 +238,7 @@ class RunLoop:
             if outcome.correct is not None:
                 facts.correct = outcome.correct
             if outcome.speedup is not None:
-                facts.speedup = max(facts.speedup or 0.0, outcome.speedup)
+                facts.speedup = outcome.speedup  # the latest full timing, as the service keeps it
             if self.first_speedup is None and facts.correct and facts.speedup is not None:
                 self.first_speedup = facts.speedup
         best_id, best_speedup = self.best()

@@ -11,8 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from storage.models import JobPublic, JobStatus
 from tools.jobs import EvalOptions
-from tools.results import Backend, BenchmarkResult, PhaseResult, PhaseResultAny, Status, TestResult
+from tools.results import Backend, PhaseResultAny, Status
 
 ToolName = Literal["compile_kernel", "run_tests", "benchmark", "evaluate"]
 ProposerName = Literal["llm", "search", "replay"]
@@ -98,8 +99,12 @@ class Outcome(BaseModel):
     status: str = Field(description="the tool's Status value, or service_error")
     message: str = ""
     results: list[PhaseResultAny] = []
-    correct: bool | None = Field(None, description="run_tests passed (None: not tested in this step)")
-    speedup: float | None = Field(None, description="geometric-mean speedup of a passed benchmark in this step")
+    correct: bool | None = Field(
+        None, description="run_tests passed on every correctness shape (False: failed; None: not tested or narrowed)"
+    )
+    speedup: float | None = Field(
+        None, description="geometric-mean speedup of a passed benchmark of every benchmark shape in this step"
+    )
     seconds: float = 0.0
     service_error: str | None = None
     regressed: bool = Field(False, description="worse than the best so far: the trajectory returns to the best")
@@ -111,19 +116,15 @@ class Outcome(BaseModel):
         return self.status == Status.passed.value
 
 
-def outcome_fields(results: list[PhaseResult]) -> tuple[str, str, bool | None, float | None]:
-    """(status, message, correct, speedup) from a job's verdicts, in step order."""
-    if not results:
+def outcome_fields(job: JobPublic) -> tuple[str, str, bool | None, float | None]:
+    """(status, message, correct, speedup) of a job: its last verdict's, and what the service counted for the
+    attempt (a test or benchmark narrowed to fewer shapes or seeds counts for neither: storage.coverage)."""
+    if job.status == JobStatus.failed:
+        return "service_error", job.note or "the service could not run the job", None, None
+    if not job.results:
         return "service_error", "the job returned no verdict", None, None
-    last = results[-1]
-    correct = None
-    speedup = None
-    for result in results:
-        if isinstance(result, TestResult) and (result.compile is None or result.compile.ok):
-            correct = result.ok
-        if isinstance(result, BenchmarkResult) and result.ok and result.geomean_speedup:
-            speedup = result.geomean_speedup
-    return last.status.value, last.message, correct, speedup
+    last = job.results[-1]
+    return last.status.value, last.message, job.correct, job.speedup
 
 
 class AttemptLine(BaseModel):

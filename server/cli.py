@@ -149,6 +149,8 @@ def _history_show(args: argparse.Namespace) -> int:
         took = f"{(e.finished_at - e.started_at).total_seconds():.1f} s" if e.started_at and e.finished_at else "-"
         print(f"  [{e.id}] {e.kind:9} {e.status.value:17} {took:>8}  {e.device or '-'}"
               + (f"  speedup {e.speedup:.3f}x" if e.speedup else "") + (f"  {e.message[:100]}" if e.message else ""))
+        if e.coverage is not None and not e.coverage.full:
+            print(f"      {e.coverage.note}")
         diagnostics = getattr(e.result, "diagnostics", None) or getattr(getattr(e.result, "compile", None), "diagnostics", [])
         for d in (diagnostics or [])[:5]:
             print(f"      {d.severity} line {d.line or '?'}: {d.message[:120]}")

@@ -3,6 +3,10 @@
 The parameters are `KernelSubmission`'s JSON Schema (what POST /v1/compile, /v1/test and /v1/benchmark
 read, less the fields the agent loop fills in: run, parent, step, proposer), with every $ref inlined so
 that OpenAI-compatible servers that do not resolve references (vLLM, Ollama) read it too.
+
+Of the options, an agent is offered the timing knobs only. Narrowing the shapes or the seeds would give a
+verdict that never counts (storage.coverage), and the worker's timeout and the sample counts are the service's
+to set; the endpoints still take every option from other clients.
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal
 
+from pydantic import BaseModel, Field
+
 from storage.models import KernelSubmission
+from tools.jobs import EvalOptions
 
 TOOLS: list[tuple[str, str, str]] = [
     ("compile_kernel", "/v1/compile",
@@ -28,6 +35,21 @@ TOOLS: list[tuple[str, str, str]] = [
 ]
 
 
+class AgentEvalOptions(BaseModel):
+    """How the benchmark times the kernel."""  # the options offered to agents: EvalOptions' own fields
+
+    compare_torch_compile: bool = EvalOptions.model_fields["compare_torch_compile"]
+    time_budget_s: float = EvalOptions.model_fields["time_budget_s"]
+
+
+class AgentSubmission(KernelSubmission):
+    """What a tool call carries: the kernel and what to check it against."""  # KernelSubmission, agent options
+
+    options: AgentEvalOptions | None = Field(  # type: ignore[assignment]
+        None, description="benchmark timing; tests always cover every correctness shape with the default seeds, "
+                          "benchmarks every benchmark shape")
+
+
 def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
     if isinstance(node, dict):
         if "$ref" in node:
@@ -41,7 +63,7 @@ def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
 
 
 def parameters_schema() -> dict[str, Any]:
-    schema = KernelSubmission.model_json_schema()
+    schema = AgentSubmission.model_json_schema()
     inlined = _inline_refs(schema, schema.get("$defs", {}))
     inlined.pop("title", None)
     return inlined

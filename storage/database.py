@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, SQLModel, select
 
+from storage.history import recount_attempts
 from storage.models import SCHEMA_VERSION, SchemaInfo, utcnow
 
 log = logging.getLogger("kernelloop.storage")
@@ -24,8 +25,17 @@ log = logging.getLogger("kernelloop.storage")
 BUSY_TIMEOUT_MS = 30_000
 
 Migration = Callable[[Connection], None]
-MIGRATIONS: dict[int, Migration] = {}
-"""MIGRATIONS[n] upgrades a version-n database to version n+1 (none yet: version 1 is the first)."""
+
+
+def _recount_attempts(connection: Connection) -> None:
+    """v1 -> v2: an attempt's `correct` and `speedup` count only full-coverage verdicts (storage.coverage), and
+    the speedup is the most recent such timing rather than the best; the tables are unchanged."""
+    with Session(bind=connection) as session:
+        recount_attempts(session)
+
+
+MIGRATIONS: dict[int, Migration] = {1: _recount_attempts}
+"""MIGRATIONS[n] upgrades a version-n database to version n+1."""
 
 
 class SchemaError(RuntimeError):

@@ -2,6 +2,7 @@
 
 An attempt's summary columns (status, stage, compiled, correct, speedup, device) are updated as each
 evaluation is recorded, so listing, filtering and sorting thousands of attempts never opens a result.
+`correct` and `speedup` follow storage.coverage: only verdicts that covered the whole problem count.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from storage.coverage import Counted, counted
 from storage.models import (
     Attempt,
     AttemptDetail,
@@ -37,6 +39,8 @@ from storage.models import (
     SubmissionRequest,
     utcnow,
 )
+from storage.problems import spec_of
+from tools.problems import ProblemSpec
 from tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, PhaseResultAny, Status, TestResult
 
 RESULT_ADAPTER: TypeAdapter[PhaseResult] = TypeAdapter(PhaseResultAny)
@@ -76,7 +80,9 @@ def create_run(session: Session, problem: Problem, request: RunCreate) -> Run:
 def update_run(session: Session, run: Run, update: RunUpdate) -> Run:
     if update.status is not None:
         run.status = update.status.value  # type: ignore[assignment]
-        if update.status != RunStatus.active and run.finished_at is None:
+        if update.status == RunStatus.active:
+            run.finished_at = None  # reopened, e.g. by `kernelloop agent resume`
+        elif run.finished_at is None:
             run.finished_at = utcnow()
     if update.notes is not None:
         run.notes = update.notes
@@ -179,24 +185,56 @@ def record_evaluation(session: Session, attempt_id: int, job_id: int | None, res
     session.add(evaluation)
     attempt = session.get(Attempt, attempt_id)
     assert attempt is not None
-    _summarize(attempt, result)
+    _summarize(attempt, result, counted(problem_spec(session, attempt.problem_id), result))
     session.add(attempt)
     session.commit()
     session.refresh(evaluation)
     return evaluation
 
 
-def _summarize(attempt: Attempt, result: PhaseResult) -> None:
+def problem_spec(session: Session, problem_id: int) -> ProblemSpec:
+    problem = session.get(Problem, problem_id)
+    assert problem is not None
+    return spec_of(problem)
+
+
+def _summarize(attempt: Attempt, result: PhaseResult, verdict: Counted) -> None:
     attempt.status, attempt.stage, attempt.updated_at = result.status.value, result.kind, utcnow()  # type: ignore[attr-defined]
     compiled = _compile_part(result)
     if compiled is not None and (compiled.status == Status.passed or compiled.status in COMPILE_FAILURES):
         attempt.compiled = compiled.status == Status.passed
-    if isinstance(result, TestResult) and (compiled is None or compiled.status == Status.passed):
-        attempt.correct = result.status == Status.passed
-    if isinstance(result, BenchmarkResult) and result.status == Status.passed and result.geomean_speedup:
-        attempt.speedup = max(attempt.speedup or 0.0, result.geomean_speedup)
+    _count(attempt, verdict)
     if result.device and (isinstance(result, (TestResult, BenchmarkResult)) or not attempt.device):
         attempt.device = result.device
+
+
+def _count(attempt: Attempt, verdict: Counted) -> None:
+    if verdict.correct is not None:
+        attempt.correct = verdict.correct
+    if verdict.speedup is not None:
+        attempt.speedup = verdict.speedup  # the most recent full-coverage timing, not the best of several
+
+
+def recount_attempts(session: Session) -> int:
+    """Recompute every tested or timed attempt's `correct` and `speedup` from its evaluations by the coverage
+    rule (the upgrade to schema v2); returns how many attempts were recounted. Flushes, does not commit."""
+    verdicts = session.exec(select(Evaluation.attempt_id, Evaluation.result)
+                            .where(col(Evaluation.kind).in_(["test", "benchmark"]))
+                            .order_by(col(Evaluation.attempt_id), col(Evaluation.id))).all()
+    specs: dict[int, ProblemSpec] = {}
+    recounted: set[int] = set()
+    for attempt_id, result in verdicts:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        if attempt_id not in recounted:
+            attempt.correct, attempt.speedup = None, None
+            recounted.add(attempt_id)
+        if attempt.problem_id not in specs:
+            specs[attempt.problem_id] = problem_spec(session, attempt.problem_id)
+        _count(attempt, counted(specs[attempt.problem_id], parse_result(result)))
+        session.add(attempt)
+    session.flush()
+    return len(recounted)
 
 
 def _summary_rows(session: Session, query) -> list[AttemptSummary]:  # type: ignore[no-untyped-def]
@@ -252,12 +290,17 @@ def attempt_detail(session: Session, attempt_id: int) -> AttemptDetail | None:
     evaluations = session.exec(select(Evaluation).where(Evaluation.attempt_id == attempt_id)
                                .order_by(col(Evaluation.id))).all()
     jobs = session.exec(select(Job.id).where(Job.attempt_id == attempt_id).order_by(col(Job.id))).all()
+    attempt = session.get(Attempt, attempt_id)
+    assert attempt is not None
+    spec = problem_spec(session, attempt.problem_id)
     return AttemptDetail(**summary.model_dump(), code=code.text if code else "",
-                         evaluations=[evaluation_public(e) for e in evaluations], jobs=list(jobs))
+                         evaluations=[evaluation_public(e, spec) for e in evaluations], jobs=list(jobs))
 
 
-def evaluation_public(evaluation: Evaluation) -> EvaluationPublic:
-    return EvaluationPublic.model_validate(_columns(evaluation, EvaluationPublic.model_fields))
+def evaluation_public(evaluation: Evaluation, spec: ProblemSpec) -> EvaluationPublic:
+    result = parse_result(evaluation.result)
+    return EvaluationPublic.model_validate({**_columns(evaluation, EvaluationPublic.model_fields), "result": result,
+                                            "coverage": counted(spec, result).coverage})
 
 
 def attempt_code(session: Session, attempt_id: int) -> str | None:

@@ -24,8 +24,9 @@ from tools.jobs import EvalOptions
 from tools.problems import ShapeSpec
 from tools.results import Backend, PhaseResultAny, Status, TolerancePolicy
 
-SCHEMA_VERSION = 1
-"""Bumped with every change to the tables; storage.database upgrades or refuses older databases."""
+SCHEMA_VERSION = 2
+"""Bumped with every change to the tables or to what their columns mean; storage.database upgrades or refuses
+older databases (v2: an attempt's `correct` and `speedup` count only full-coverage verdicts)."""
 MAX_ID = 2**63 - 1  # the largest id a database integer holds
 
 
@@ -201,6 +202,14 @@ class CodeBlob(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
+ATTEMPT_CORRECT = ("True: the latest counted run_tests passed on every correctness shape of the problem (on the "
+                   "attempt's backend) with the default number of seeds; False: a run_tests failed; None: neither yet "
+                   "(a test narrowed by options.shapes or options.seeds never sets it)")
+ATTEMPT_SPEEDUP = ("geometric-mean speedup of the most recent passed benchmark that timed every benchmark shape of the "
+                   "problem: a re-timing replaces it, better or worse; a benchmark narrowed by options.shapes never "
+                   "sets it")
+
+
 class AttemptBase(SQLModel):
     run_id: int | None = Field(default=None, foreign_key="runs.id", index=True)
     parent_id: int | None = Field(default=None, foreign_key="attempts.id", description="the attempt this one revises")
@@ -230,9 +239,8 @@ class Attempt(AttemptBase, table=True):
     status: str = Field(default="pending", index=True)
     stage: str | None = Field(default=None, description="the phase of the latest evaluation")
     compiled: bool | None = None
-    correct: bool | None = None
-    speedup: float | None = Field(default=None, index=True, description="geometric-mean speedup of the best "
-                                  "passed benchmark")
+    correct: bool | None = Field(default=None, description=ATTEMPT_CORRECT)
+    speedup: float | None = Field(default=None, index=True, description=ATTEMPT_SPEEDUP)
     device: str | None = None
 
 
@@ -245,8 +253,8 @@ class AttemptSummary(AttemptBase):
     status: AttemptStatus
     stage: Phase | None
     compiled: bool | None
-    correct: bool | None
-    speedup: float | None
+    correct: bool | None = Field(description=ATTEMPT_CORRECT)
+    speedup: float | None = Field(description=ATTEMPT_SPEEDUP)
     device: str | None
     created_at: datetime
     updated_at: datetime | None
@@ -279,11 +287,27 @@ class Evaluation(EvaluationBase, table=True):
     log: str = Field(default="", sa_type=Text, description="build log and the worker's output, capped")
 
 
+class Coverage(BaseModel):
+    """How much of the problem one test or benchmark covered (storage.coverage). Only full coverage counts:
+    a passed test marks the attempt correct, a passed benchmark sets its speedup; a narrower one is kept,
+    leaves the attempt's summary as it was, and says so in `note`."""
+
+    phase: Literal["test", "benchmark"]
+    shapes_checked: int = PydanticField(description="test: correctness shapes with a passed check; benchmark: "
+                                                    "benchmark shapes timed and passed")
+    shapes_required: int = PydanticField(description="the problem's shapes of that kind on the attempt's backend")
+    seeds_checked: int | None = PydanticField(None, description="test: the fewest passed seeds on a checked shape")
+    seeds_required: int | None = PydanticField(None, description="test: the default number of seeds")
+    full: bool
+    note: str = PydanticField(description="e.g. 'partial coverage: 2 of 6 correctness shapes, 1 of 3 seeds; ...'")
+
+
 class EvaluationPublic(EvaluationBase):
     id: int
     attempt_id: int
     job_id: int | None
     result: PhaseResultAny
+    coverage: Coverage | None = PydanticField(None, description="test, benchmark: how much of the problem it covered")
     log: str
 
 
@@ -412,6 +436,12 @@ class JobPublic(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     results: list[PhaseResultAny] = PydanticField(description="one verdict per step that ran, in order")
+    coverage: list[Coverage] = PydanticField([], description="for each test and benchmark step that ran: how much "
+                                                             "of the problem it covered")
+    correct: bool | None = PydanticField(None, description="what the job counts for the attempt: True from a passed "
+                                                           "full-coverage test, False from a failed test, else None")
+    speedup: float | None = PydanticField(None, description="the geometric-mean speedup of a passed full-coverage "
+                                                            "benchmark in this job, else None")
     links: JobLinks
 
 
@@ -433,7 +463,10 @@ class KernelSubmission(BaseModel):
     backend: Backend | None = PydanticField(
         None, description="cuda (tensors on the GPU) or cpu (C++ via load_inline(cpp_sources=...)); "
                           "default: cuda when the service has a GPU, else cpu")
-    options: EvalOptions | None = PydanticField(None, description="shapes, seeds, timing budget; defaults are strict")
+    options: EvalOptions | None = PydanticField(
+        None, description="shapes, seeds, timing budget; the defaults are strict. A test narrowed to fewer shapes or "
+                          "seeds than the defaults, or a benchmark narrowed to fewer shapes, is recorded but never "
+                          "counts: it neither marks the attempt correct nor sets its speedup")
     rationale: str | None = PydanticField(None, max_length=20000, description="why this kernel: kept in the history")
 
     @field_validator("code")

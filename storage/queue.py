@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlalchemy import Engine, func, update
 from sqlmodel import Session, col, select
 
+from storage.coverage import counted
 from storage.history import parse_result, record_evaluation
 from storage.models import (
     Attempt,
@@ -32,6 +33,7 @@ from storage.models import (
     Problem,
     utcnow,
 )
+from storage.problems import spec_of
 from tools.jobs import EvalOptions
 from tools.problems import ProblemSpec
 from tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
@@ -254,14 +256,21 @@ def job_public(session: Session, job: Job, *, reused_attempt: bool = False) -> J
     attempt = session.get(Attempt, job.attempt_id)
     assert attempt is not None
     problem = session.get(Problem, attempt.problem_id)
+    assert problem is not None
     evaluations = session.exec(select(Evaluation.result).where(Evaluation.job_id == job.id)
                                .order_by(col(Evaluation.id))).all()
+    results = [parse_result(r) for r in evaluations]
+    spec = spec_of(problem)
+    verdicts = [counted(spec, result) for result in results]
     return JobPublic(
-        id=job.id, attempt_id=job.attempt_id, run_id=attempt.run_id, problem=problem.name if problem else "?",  # type: ignore[arg-type]
+        id=job.id, attempt_id=job.attempt_id, run_id=attempt.run_id, problem=problem.name,  # type: ignore[arg-type]
         backend=attempt.backend, phase=job.phase, steps=job.steps, step_index=job.step_index, status=job.status,
         queue_position=queue_position(session, job), needs=job.needs, lane=job.lane, outcome=job.outcome,
         note=job.note, interruptions=job.interruptions, reused_attempt=reused_attempt, created_at=job.created_at,
-        started_at=job.started_at, finished_at=job.finished_at, results=[parse_result(r) for r in evaluations],
+        started_at=job.started_at, finished_at=job.finished_at, results=results,
+        coverage=[v.coverage for v in verdicts if v.coverage is not None],
+        correct=next((v.correct for v in reversed(verdicts) if v.correct is not None), None),
+        speedup=next((v.speedup for v in reversed(verdicts) if v.speedup is not None), None),
         links=JobLinks(self=f"/v1/jobs/{job.id}", events=f"/v1/jobs/{job.id}/events",
                        attempt=f"/v1/attempts/{job.attempt_id}"))
 

@@ -4,6 +4,7 @@ conversation, and both model clients against the scripted server (real HTTP: ret
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from pathlib import Path
 
@@ -14,12 +15,16 @@ from agent.llm.anthropic_messages import AnthropicMessagesClient, to_anthropic_m
 from agent.llm.factory import is_private_url, resolve_llm_config
 from agent.llm.openai_chat import OpenAIChatClient
 from agent.llm.types import ChatMessage, LlmFailure, ToolCall, ToolDefinition
-from agent.models import AgentRunConfig, Outcome, ProposerDone
+from agent.loop import RunLoop
+from agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, outcome_fields
+from agent.progress import Progress
 from agent.proposers.base import LoopView
 from agent.proposers.replay import TranscriptError, parse_transcript
 from agent.proposers.search import SearchProposer
 from agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from agent.templates import KernelTemplate, TemplateError, discover_templates, load_template, render_params
+from storage.models import JobPublic
+from tools.results import Status, TestResult
 from tools.settings import Settings
 
 TOOL = ToolDefinition(
@@ -164,6 +169,31 @@ def test_text_and_json_transcripts_are_read(tmp_path: Path) -> None:
         }
     ]
     assert [c.tool for c in parse_transcript(json.dumps(messages))] == ["benchmark"]
+
+
+# ------------------------------------------------------------------------------------------ the loop
+
+
+def _job(**fields: object) -> JobPublic:
+    return JobPublic.model_validate({
+        "id": 1, "attempt_id": 7, "run_id": 1, "problem": "causal_conv1d", "backend": "cpu", "phase": "test",
+        "steps": ["test"], "step_index": 0, "status": "finished", "needs": "cpu", "lane": None, "note": "",
+        "interruptions": 0, "created_at": "2026-01-01T00:00:00Z", "started_at": None, "finished_at": None,
+        "results": [],
+        "links": {"self": "/v1/jobs/1", "events": "/v1/jobs/1/events", "attempt": "/v1/attempts/7"}, **fields})
+
+
+def test_the_loop_counts_what_the_service_counts() -> None:
+    """A passed but narrowed test is not correct; an attempt's speedup is its latest full timing, not its best."""
+    narrowed = TestResult(status=Status.passed, problem="causal_conv1d", backend="cpu", message="2 checks passed")
+    assert outcome_fields(_job(results=[narrowed], correct=None)) == ("passed", "2 checks passed", None, None)
+    assert outcome_fields(_job(status="failed", note="harness")) == ("service_error", "harness", None, None)
+    config = AgentRunConfig(problem="causal_conv1d", backend="cpu", proposer="search")
+    loop = RunLoop(config, None, None, 1, Progress(io.StringIO(), quiet=True))  # type: ignore[arg-type]
+    for step, speedup in ((1, 2.0), (2, 1.5)):
+        loop._record(0, Proposal(code="x"), Outcome(step=step, trajectory=0, tool="evaluate", attempt_id=7,
+                                                    status="passed", correct=True, speedup=speedup))
+    assert loop.best() == (7, 1.5)
 
 
 # ------------------------------------------------------------------------------------------ conversation

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from server_fixtures import passed_benchmark, passed_test
 from sqlalchemy import inspect, text
 from sqlmodel import Session, SQLModel, select
 
@@ -31,12 +32,14 @@ from storage.models import (
     JobEvent,
     JobStatus,
     RunCreate,
+    RunStatus,
+    RunUpdate,
     SchemaInfo,
     SubmissionRequest,
     utcnow,
 )
 from tools.jobs import EvalOptions
-from tools.results import BenchmarkResult, CompileResult, Status, TestResult
+from tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, ShapeCheck, Status, TestResult
 
 
 # Set KERNELLOOP_TEST_DATABASE_URL (e.g. postgresql+psycopg://kl@127.0.0.1:5432/kltest, an empty database the
@@ -68,9 +71,16 @@ def _problem(session: Session, name: str = "causal_conv1d"):
     return row
 
 
-def _attempt(session: Session, code: str = "class ModelNew: pass", **fields) -> tuple[Attempt, bool]:
+def _attempt(session: Session, code: str = "class ModelNew: pass", backend: Backend = "cpu",
+             **fields) -> tuple[Attempt, bool]:
     request = SubmissionRequest(problem="causal_conv1d", code=code, **fields)
-    return history.create_attempt(session, _problem(session), request, "cpu", "test")
+    return history.create_attempt(session, _problem(session), request, backend, "test")
+
+
+def _record(session: Session, attempt_id: int, *results: PhaseResult) -> None:
+    now = utcnow()
+    for result in results:
+        history.record_evaluation(session, attempt_id, None, result, created_at=now, started_at=now, finished_at=now)
 
 
 def _compiled(status: Status = Status.passed) -> CompileResult:
@@ -97,7 +107,7 @@ def test_a_newer_database_is_refused_with_what_to_do(tmp_path: Path) -> None:
     engine = open_database(url)
     with engine.begin() as connection:
         connection.execute(text("UPDATE kernelloop_schema SET version = 99"))
-    with pytest.raises(SchemaError, match=r"v99, newer than this kernelloop's v1: upgrade kernelloop"):
+    with pytest.raises(SchemaError, match=rf"v99, newer than this kernelloop's v{SCHEMA_VERSION}: upgrade kernelloop"):
         ensure_schema(engine)
 
 
@@ -123,7 +133,7 @@ def test_an_older_database_is_upgraded_by_its_migrations(tmp_path: Path) -> None
         info = session.exec(select(SchemaInfo)).one()
         assert info.version == SCHEMA_VERSION + 1 and info.upgraded_at is not None
     # and without a migration path it is refused, saying how to keep the history
-    with pytest.raises(SchemaError, match=r"no upgrade from v2.*kernelloop history attempts --json"):
+    with pytest.raises(SchemaError, match=rf"no upgrade from v{SCHEMA_VERSION + 1}.*history attempts --json"):
         ensure_schema(engine, version=SCHEMA_VERSION + 2, migrations={})
 
 
@@ -175,13 +185,8 @@ def test_concurrent_submissions_of_one_code_in_a_run_make_one_attempt(engine) ->
 def test_evaluations_keep_the_full_result_and_update_the_summary(engine) -> None:
     with Session(engine) as session:
         attempt, _ = _attempt(session)
-        now = utcnow()
-        history.record_evaluation(session, attempt.id, None, _compiled(), created_at=now, started_at=now, finished_at=now)
-        tested = TestResult(status=Status.passed, problem="causal_conv1d", backend="cpu", device="cpu", compile=_compiled())
-        history.record_evaluation(session, attempt.id, None, tested, created_at=now, started_at=now, finished_at=now)
-        timed = BenchmarkResult(status=Status.passed, problem="causal_conv1d", backend="cpu", device="cpu",
-                                compile=_compiled(), geomean_speedup=1.75)
-        history.record_evaluation(session, attempt.id, None, timed, created_at=now, started_at=now, finished_at=now)
+        _record(session, attempt.id, _compiled(), passed_test(device="cpu", compile=_compiled()),
+                passed_benchmark(1.75, device="cpu", compile=_compiled()))
         detail = history.attempt_detail(session, attempt.id)
     assert detail is not None
     assert (detail.status, detail.stage, detail.compiled, detail.correct, detail.speedup) == (
@@ -189,6 +194,87 @@ def test_evaluations_keep_the_full_result_and_update_the_summary(engine) -> None
     assert [e.kind for e in detail.evaluations] == ["compile", "test", "benchmark"]
     assert isinstance(detail.evaluations[2].result, BenchmarkResult) and detail.evaluations[2].speedup == 1.75
     assert detail.evaluations[0].log == "g++ ... ok" and detail.evaluations[0].toolchain == {"torch": "2.14.1"}
+    assert detail.evaluations[0].coverage is None
+    assert [e.coverage.note for e in detail.evaluations[1:]] == [  # type: ignore[union-attr]
+        "full coverage: 6 of 6 correctness shapes, 3 seeds each", "full coverage: 1 of 1 benchmark shapes"]
+
+
+def test_only_a_test_of_every_shape_with_the_default_seeds_marks_an_attempt_correct(engine) -> None:
+    with Session(engine) as session:
+        attempt, _ = _attempt(session)
+        _record(session, attempt.id, passed_test(shapes=["small", "bias"], seeds=1))
+        narrowed = history.attempt_detail(session, attempt.id)
+        _record(session, attempt.id, passed_test(seeds=2))
+        too_few_seeds = history.attempt_summary(session, attempt.id)
+        _record(session, attempt.id, passed_test(seeds=5))
+        full = history.attempt_summary(session, attempt.id)
+        _record(session, attempt.id, passed_test(shapes=["small"], seeds=1))  # narrowed again: leaves it correct
+        still = history.attempt_summary(session, attempt.id)
+        failed = TestResult(status=Status.wrong_result, problem="causal_conv1d", backend="cpu",
+                            checks=[ShapeCheck(shape="small", seed=1, status=Status.wrong_result)])
+        _record(session, attempt.id, failed)  # a failure on any shape counts
+        wrong = history.attempt_detail(session, attempt.id)
+    assert narrowed is not None and narrowed.status == AttemptStatus("passed") and narrowed.correct is None
+    (kept,) = narrowed.evaluations
+    assert kept.coverage is not None and not kept.coverage.full
+    assert kept.coverage.note == ("partial coverage: 2 of 6 correctness shapes, 1 of 3 seeds; "
+                                  "a narrowed test does not mark the attempt correct")
+    assert too_few_seeds is not None and too_few_seeds.correct is None
+    assert (full.correct, still.correct) == (True, True)  # type: ignore[union-attr]
+    assert wrong is not None and wrong.correct is False and len(wrong.evaluations) == 5
+    last = wrong.evaluations[-1].coverage
+    assert last is not None and last.note == "partial coverage: 0 of 6 correctness shapes, 0 of 3 seeds"
+
+
+def test_the_speedup_is_the_latest_timing_of_every_benchmark_shape(engine) -> None:
+    with Session(engine) as session:
+        problem_id = _problem(session).id
+        run = history.create_run(session, _problem(session), RunCreate(problem="causal_conv1d"))
+        attempt, _ = _attempt(session, backend="cuda", run_id=run.id)
+        _record(session, attempt.id, passed_test(backend="cuda"), passed_benchmark(2.0, backend="cuda"),
+                passed_benchmark(1.5, backend="cuda"))
+        retimed = history.attempt_summary(session, attempt.id)
+        narrowed = passed_benchmark(9.0, backend="cuda", shapes=["b16_c64_o128_k3_d1_l65536"])
+        _record(session, attempt.id, narrowed)
+        detail = history.attempt_detail(session, attempt.id)
+        only_narrowed, _ = _attempt(session, code="# timed on one shape", backend="cuda", run_id=run.id)
+        _record(session, only_narrowed.id, passed_test(backend="cuda"), narrowed)
+        board = history.leaderboard(session, problem_id=problem_id)
+        best = history.run_public(session, run)
+    assert retimed is not None and retimed.speedup == 1.5  # the re-timing replaces the luckier 2.0
+    assert detail is not None and detail.speedup == 1.5 and detail.evaluations[-1].speedup == 9.0
+    assert detail.evaluations[-1].coverage.note == (  # type: ignore[union-attr]
+        "partial coverage: 1 of 5 benchmark shapes; a narrowed benchmark does not set the attempt's speedup")
+    assert [e.attempt_id for e in board] == [attempt.id] and board[0].speedup == 1.5
+    assert (best.best_attempt_id, best.best_speedup) == (attempt.id, 1.5)
+
+
+def test_reopening_a_run_clears_its_finish(engine) -> None:
+    with Session(engine) as session:
+        run = history.create_run(session, _problem(session), RunCreate(problem="causal_conv1d"))
+        finished = history.update_run(session, run, RunUpdate(status=RunStatus.finished)).finished_at
+        reopened = history.update_run(session, run, RunUpdate(status=RunStatus.active))
+        assert finished is not None and reopened.finished_at is None and reopened.status == RunStatus.active
+        assert history.update_run(session, run, RunUpdate(status=RunStatus.interrupted)).finished_at is not None
+
+
+def test_the_upgrade_to_v2_recounts_attempts_by_coverage(tmp_path: Path) -> None:
+    engine = open_database(database_url(str(tmp_path / "v1.sqlite3")))
+    with Session(engine) as session:
+        problems.sync_shipped(session)
+        narrowed, _ = _attempt(session, code="# narrowed")
+        full, _ = _attempt(session, code="# full")
+        _record(session, narrowed.id, passed_test(shapes=["small"], seeds=1), passed_benchmark(3.0, shapes=[]))
+        _record(session, full.id, passed_test(), passed_benchmark(2.0), passed_benchmark(1.2))
+        ids = (narrowed.id, full.id)
+    with engine.begin() as connection:  # as v1 left them: any passed test counted, the best timing kept
+        connection.execute(text("UPDATE attempts SET correct = 1, speedup = 3.0"))
+        connection.execute(text("UPDATE kernelloop_schema SET version = 1"))
+    assert ensure_schema(engine) == 1
+    with Session(engine) as session:
+        recounted = [(a.correct, a.speedup) for a in (session.get(Attempt, i) for i in ids)]  # type: ignore[union-attr]
+        assert recounted == [(None, None), (True, 1.2)]
+        assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION
 
 
 def test_a_compile_error_marks_the_attempt_not_compiled(engine) -> None:
@@ -206,12 +292,8 @@ def test_diff_and_leaderboard(engine) -> None:
     with Session(engine) as session:
         a, _ = _attempt(session, code="x = 1\ny = 2\n")
         b, _ = _attempt(session, code="x = 1\ny = 3\n", parent_attempt_id=a.id)
-        now = utcnow()
         for attempt, speedup in ((a, 1.2), (b, 2.5)):
-            tested = TestResult(status=Status.passed, problem="causal_conv1d", backend="cpu", compile=_compiled())
-            timed = BenchmarkResult(status=Status.passed, problem="causal_conv1d", backend="cpu", geomean_speedup=speedup)
-            for result in (tested, timed):
-                history.record_evaluation(session, attempt.id, None, result, created_at=now, started_at=now, finished_at=now)
+            _record(session, attempt.id, passed_test(compile=_compiled()), passed_benchmark(speedup))
         diff = history.diff_attempts(session, a.id, b.id)
         board = history.leaderboard(session, problem_id=_problem(session).id)
         best = history.leaderboard(session)

@@ -63,7 +63,8 @@ def _run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Bac
     options = options or EvalOptions()
     spec = load_problem(problem) if isinstance(problem, str) else problem
     backend = backend or default_backend()
-    entry = build_cache.cache_entry(settings.cache_dir, code, backend, toolchain.toolchain_fingerprint(settings.cuda_arch_list))
+    fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list)
+    entry = build_cache.cache_entry(settings.cache_dir, code, backend, fingerprint)
     settings.jobs_dir.mkdir(parents=True, exist_ok=True)
     job_dir = Path(tempfile.mkdtemp(prefix=f"{phase}-", dir=settings.jobs_dir))
     nonce = secrets.token_hex(16)
@@ -101,6 +102,7 @@ def _run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Bac
     result.sandbox = report
     if isinstance(result, CompileResult) or (result.__dict__.get("compile") is not None):
         compiled = result if isinstance(result, CompileResult) else result.compile  # type: ignore[attr-defined]
+        compiled.toolchain = fingerprint  # what the build cache keys on, from the host, never from the worker
         log = "\n".join(part for part in (compiled.log, report.stdout, report.stderr) if part)
         compiled.log_truncated = len(log.encode()) > settings.log_cap_bytes or report.output_truncated
         compiled.log = log.encode()[-settings.log_cap_bytes:].decode(errors="replace")

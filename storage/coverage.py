@@ -1,0 +1,75 @@
+"""Which verdicts count for an attempt: only a test or benchmark that covered the whole problem.
+
+A passed run_tests marks an attempt correct only when it checked every correctness shape of the problem on the
+attempt's backend with at least the default number of seeds (tools.jobs.EvalOptions().seeds); a passed benchmark
+sets the attempt's speedup only when it timed every benchmark shape. A narrower run (options.shapes, fewer seeds)
+is kept with its evaluation but counts for nothing, and its `Coverage.note` says so. A failed test counts
+whatever it covered: one wrong shape is enough. The history (attempt summaries, runs' best, the leaderboard)
+and the jobs the API answers with both read this rule, so the agent reads the service's judgement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storage.models import Coverage
+from tools.jobs import EvalOptions
+from tools.problems import ProblemSpec
+from tools.results import BenchmarkResult, PhaseResult, Status, TestResult
+
+DEFAULT_SEEDS = EvalOptions().seeds
+
+
+@dataclass(frozen=True)
+class Counted:
+    """What one result says about its attempt."""
+
+    correct: bool | None = None  # True: a passed full-coverage test; False: a failed test; None: nothing
+    speedup: float | None = None  # a passed full-coverage benchmark's geometric-mean speedup
+    coverage: Coverage | None = None  # None for a compile
+
+
+def counted(spec: ProblemSpec, result: PhaseResult) -> Counted:
+    """What `result`, a verdict on an attempt at problem `spec`, counts for that attempt."""
+    if isinstance(result, TestResult):
+        coverage = correctness_coverage(spec, result)
+        if result.compile is not None and not result.compile.ok:
+            return Counted(coverage=coverage)  # never got to test: says nothing about correctness
+        if not result.ok:
+            return Counted(correct=False, coverage=coverage)
+        return Counted(correct=True if coverage.full else None, coverage=coverage)
+    if isinstance(result, BenchmarkResult):
+        coverage = benchmark_coverage(spec, result)
+        counts = result.ok and coverage.full and bool(result.geomean_speedup)
+        return Counted(speedup=result.geomean_speedup if counts else None, coverage=coverage)
+    return Counted()
+
+
+def correctness_coverage(spec: ProblemSpec, result: TestResult) -> Coverage:
+    required = [s.name for s in spec.correctness_shapes(result.backend)]
+    passed = [c for c in result.checks if c.status == Status.passed]
+    seeds = {name: {c.seed for c in passed if c.shape == name} for name in required}
+    checked = [len(found) for found in seeds.values() if found]
+    fewest_seeds = min(checked, default=0)
+    full = len(checked) == len(required) and fewest_seeds >= DEFAULT_SEEDS
+    extent = (f"{len(checked)} of {len(required)} correctness shapes, "
+              + (f"{fewest_seeds} seeds each" if full else f"{fewest_seeds} of {DEFAULT_SEEDS} seeds"))
+    consequence = "a narrowed test does not mark the attempt correct"
+    return Coverage(phase="test", shapes_checked=len(checked), shapes_required=len(required),
+                    seeds_checked=fewest_seeds, seeds_required=DEFAULT_SEEDS, full=full,
+                    note=_note(full, result.ok, extent, consequence))
+
+
+def benchmark_coverage(spec: ProblemSpec, result: BenchmarkResult) -> Coverage:
+    required = {s.name for s in spec.benchmark_shapes(result.backend)}
+    timed = {s.shape for s in result.shapes if s.status == Status.passed} & required
+    full = timed == required
+    consequence = "a narrowed benchmark does not set the attempt's speedup"
+    return Coverage(phase="benchmark", shapes_checked=len(timed), shapes_required=len(required), full=full,
+                    note=_note(full, result.ok, f"{len(timed)} of {len(required)} benchmark shapes", consequence))
+
+
+def _note(full: bool, passed: bool, extent: str, consequence: str) -> str:
+    if full:
+        return f"full coverage: {extent}"
+    return f"partial coverage: {extent}" + (f"; {consequence}" if passed else "")
