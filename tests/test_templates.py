@@ -9,14 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from agent.templates import render_params
 from tools import EvalOptions, Status, compile_kernel, run_tests
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "reference_problems" / "causal_conv1d" / "templates"
+# The small-shape variant is a point of tf32_wgmma's PARAM_SPACE: one consumer warpgroup, 64x64 tiles.
+SMALL_SHAPE_PARAMS = {"BN": 64, "NWG": 1, "MT": 1, "BC": 16, "STAGES": 3, "G": 2, "MINB": 1, "ROUND_X": 2,
+                      "WRES": 1, "TMA": 1}
 # template file -> the problem whose tolerance it must meet
 CUDA_TEMPLATES = {
     "tf32_wgmma.py": "causal_conv1d",
     "tf32_implicit_gemm.py": "causal_conv1d",
-    "small_shapes.py": "causal_conv1d",
     "fp32_strict.py": "causal_conv1d_fp32",
 }
 
@@ -40,3 +43,18 @@ def test_template_passes_every_correctness_shape_on_the_gpu(template: str, works
     assert {"odd", "k1", "short_l", "bias", "batch1", "b4_c512_o512_k3_d1_l16384"} <= shapes
     worst = max(c.max_rel_error for c in result.checks)
     assert worst <= result.tolerance.max_rel_error
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_small_shape_variant_passes_every_correctness_shape_on_the_gpu(workspace) -> None:
+    code = render_params((TEMPLATES / "tf32_wgmma.py").read_text(), SMALL_SHAPE_PARAMS)
+    result = run_tests("causal_conv1d", code, "cuda", EvalOptions(seeds=2), settings=workspace.settings)
+    assert result.status == Status.passed, result.message
+
+
+def test_small_shape_variant_builds(workspace) -> None:
+    code = render_params((TEMPLATES / "tf32_wgmma.py").read_text(), SMALL_SHAPE_PARAMS)
+    assert 'PARAMS = {"BN": 64, "NWG": 1' in code
+    result = compile_kernel("causal_conv1d", code, "cuda", settings=workspace.settings)
+    assert result.status == Status.passed, (result.message, result.log[-3000:])

@@ -47,7 +47,7 @@ DEFAULT_VARIANTS = [
     ["final_b256", "tf32_wgmma.py", {"BN": 256, "MT": 1, "BC": 16}],
     ["mma", "tf32_implicit_gemm.py", {}],
     ["strict", "fp32_strict.py", {}],
-    ["small", "small_shapes.py", {}],
+    ["small", "tf32_wgmma.py", {"BN": 64, "NWG": 1, "MT": 1, "BC": 16, "STAGES": 3, "G": 2, "ROUND_X": 2}],
 ]
 SMALL_BENCH = [  # B, Cin, Cout, K, d, L: small problems, timed for the small-shapes template
     (1, 256, 256, 4, 1, 2048),
