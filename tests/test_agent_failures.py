@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from server_fixtures import python_conv
 from sqlmodel import Session
 
 from agent.embedded import EmbeddedService
@@ -38,30 +39,6 @@ REPO = Path(__file__).resolve().parent.parent
 KERNELLOOP = [sys.executable, "-m", "tools.cli"]
 PROBLEM = "causal_conv1d"
 
-# A correct causal conv1d in plain PyTorch: no build, no convolution operator.
-PYTHON_CONV = """\
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-# variant {variant}
-
-
-class ModelNew(nn.Module):
-    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
-        super().__init__()
-        self.k, self.d = kernel_size, dilation
-        self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size))
-        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
-
-    def forward(self, x):
-        length = x.shape[-1]
-        xp = F.pad(x, ((self.k - 1) * self.d, 0))
-        y = sum(torch.einsum("oi,bil->bol", self.weight[:, :, k], xp[:, :, k * self.d:k * self.d + length])
-                for k in range(self.k))
-        if self.bias is not None:
-            y = y + self.bias[None, :, None]
-        return y
-"""
 NO_MODEL_NEW = "import torch\n\nclass Model:\n    pass\n"
 
 
@@ -256,7 +233,7 @@ def _transcript(path: Path) -> Path:
                         "type": "function",
                         "function": {
                             "name": tool,
-                            "arguments": json.dumps({"problem": PROBLEM, "code": PYTHON_CONV.format(variant=variant)}),
+                            "arguments": json.dumps({"problem": PROBLEM, "code": python_conv(prelude=f"# variant {variant}")}),
                         },
                     }
                 ],

@@ -10,34 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
-
-from agent.llm.transport import post_json
+from agent.llm.transport import HttpLlmClient
 from agent.llm.types import ChatMessage, ChatReply, LlmFailure, TokenUsage, ToolCall, ToolDefinition
 
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-class AnthropicMessagesClient:
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        api_key: str | None,
-        *,
-        max_tokens: int = 8192,
-        temperature: float | None = None,
-        timeout_s: float = 300.0,
-        max_retries: int = 5,
-        base_delay_s: float = 1.0,
-        key_hint: str = "",
-    ):
-        self.base_url = base_url.rstrip("/")
-        self.model, self.api_key = model, api_key
-        self.max_tokens, self.temperature = max_tokens, temperature
-        self.max_retries, self.base_delay_s, self.key_hint = max_retries, base_delay_s, key_hint
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0))
-
+class AnthropicMessagesClient(HttpLlmClient):
     def request_body(self, messages: list[ChatMessage], tools: list[ToolDefinition]) -> dict[str, Any]:
         system = "\n\n".join(m.content or "" for m in messages if m.role == "system")
         body: dict[str, Any] = {
@@ -59,22 +38,10 @@ class AnthropicMessagesClient:
         headers = {"anthropic-version": ANTHROPIC_VERSION}
         if self.api_key:
             headers["x-api-key"] = self.api_key
-        data = await post_json(
-            self._http,
-            f"{self.base_url}/v1/messages",
-            self.request_body(messages, tools),
-            headers,
-            max_retries=self.max_retries,
-            base_delay_s=self.base_delay_s,
-            what="the Anthropic Messages API",
-            key_hint=self.key_hint,
-        )
+        data = await self._post("/v1/messages", self.request_body(messages, tools), headers, "the Anthropic Messages API")
         if isinstance(data, LlmFailure):
             return data
         return parse_reply(data)
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
 
 def to_anthropic_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:

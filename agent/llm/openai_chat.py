@@ -9,32 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
-
-from agent.llm.transport import post_json
+from agent.llm.transport import HttpLlmClient
 from agent.llm.types import ChatMessage, ChatReply, LlmFailure, TokenUsage, ToolCall, ToolDefinition
 
 
-class OpenAIChatClient:
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        api_key: str | None,
-        *,
-        max_tokens: int = 8192,
-        temperature: float | None = None,
-        timeout_s: float = 300.0,
-        max_retries: int = 5,
-        base_delay_s: float = 1.0,
-        key_hint: str = "",
-    ):
-        self.base_url = base_url.rstrip("/")
-        self.model, self.api_key = model, api_key
-        self.max_tokens, self.temperature = max_tokens, temperature
-        self.max_retries, self.base_delay_s, self.key_hint = max_retries, base_delay_s, key_hint
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0))
-
+class OpenAIChatClient(HttpLlmClient):
     def request_body(self, messages: list[ChatMessage], tools: list[ToolDefinition]) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
@@ -56,22 +35,10 @@ class OpenAIChatClient:
 
     async def complete(self, messages: list[ChatMessage], tools: list[ToolDefinition]) -> ChatReply | LlmFailure:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        data = await post_json(
-            self._http,
-            f"{self.base_url}/chat/completions",
-            self.request_body(messages, tools),
-            headers,
-            max_retries=self.max_retries,
-            base_delay_s=self.base_delay_s,
-            what="the chat-completions API",
-            key_hint=self.key_hint,
-        )
+        data = await self._post("/chat/completions", self.request_body(messages, tools), headers, "the chat-completions API")
         if isinstance(data, LlmFailure):
             return data
         return parse_reply(data)
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
 
 def _wire_message(message: ChatMessage) -> dict[str, Any]:
