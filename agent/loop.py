@@ -18,7 +18,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agent.models import AgentRunConfig, AttemptLine, Outcome, Proposal, ProposerDone, RunSummary, outcome_fields
+from agent.models import (
+    AgentRunConfig,
+    AttemptLine,
+    Outcome,
+    Proposal,
+    ProposerDone,
+    RunSummary,
+    ShapeWinner,
+    outcome_fields,
+)
 from agent.progress import Progress
 from agent.proposers.base import LoopView, Proposer
 from agent.service_client import ServiceClient, ServiceFailure
@@ -335,7 +344,7 @@ class RunLoop:
             "prompt_tokens": self.memory.prompt_tokens,
             "completion_tokens": self.memory.completion_tokens,
             "steps": self.memory.steps,
-            "best_per_shape": self._best_per_shape(),
+            "best_per_shape": {shape: w.model_dump(mode="json") for shape, w in self._best_per_shape().items()},
             "best_attempt_id": best_id,
             "best_speedup": best_speedup,
         }
@@ -383,7 +392,7 @@ class RunLoop:
             best_per_shape=self._best_per_shape(),
         )
 
-    def _best_per_shape(self) -> dict[str, tuple[str, float]]:
+    def _best_per_shape(self) -> dict[str, ShapeWinner]:
         per_shape = getattr(self.proposer, "best_per_shape", None)
         return per_shape() if callable(per_shape) else {}
 

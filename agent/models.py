@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from agent.templates import Params
 from storage.models import JobPublic, JobStatus
 from tools.jobs import EvalOptions
 from tools.results import Backend, PhaseResultAny, Status
@@ -142,6 +143,17 @@ class AttemptLine(BaseModel):
     seconds: float
 
 
+class ShapeWinner(BaseModel):
+    """The fastest passed candidate on one benchmark shape: which kernel (template and parameters, so it can be
+    rebuilt) and its speedup there. Kept in the run's meta, so the winners outlive the run."""
+
+    label: str
+    template: str | None = Field(None, description="the template file's stem; None for the baseline example file")
+    params: Params | None = None
+    attempt_id: int | None = None
+    speedup: float
+
+
 class RunSummary(BaseModel):
     run_id: int
     problem: str
@@ -155,8 +167,8 @@ class RunSummary(BaseModel):
     best_attempt_id: int | None = None
     best_speedup: float | None = None
     best_path: str | None = None
-    best_per_shape: dict[str, tuple[str, float]] = Field(
-        {}, description="search: per benchmark shape, the fastest candidate's label and its speedup"
+    best_per_shape: dict[str, ShapeWinner] = Field(
+        {}, description="search: per benchmark shape, the fastest candidate and its speedup"
     )
     prompt_tokens: int = 0
     completion_tokens: int = 0

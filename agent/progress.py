@@ -117,8 +117,8 @@ class Progress:
             self._print("best: no attempt passed run_tests and a benchmark")
         if len(summary.best_per_shape) > 1:
             self._print("fastest per benchmark shape:")
-            for shape, (label, speedup) in summary.best_per_shape.items():
-                self._print(f"  {shape:34} {speedup:8.3f}x  {label}")
+            for shape, winner in summary.best_per_shape.items():
+                self._print(f"  {shape:34} {winner.speedup:8.3f}x  {winner.label}")
         if summary.prompt_tokens or summary.completion_tokens:
             self._print(f"tokens: {summary.prompt_tokens} prompt, {summary.completion_tokens} completion")
         self._print(

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.templates import render_params
+from agent.templates import load_template, render_params
 from tools import EvalOptions, Status, compile_kernel, run_tests
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "reference_problems" / "causal_conv1d" / "templates"
 # The small-shape variant is a point of tf32_wgmma's PARAM_SPACE: one consumer warpgroup, 64x64 tiles.
-SMALL_SHAPE_PARAMS = {"BN": 64, "NWG": 1, "MT": 1, "BC": 16, "STAGES": 3, "G": 2, "MINB": 1, "ROUND_X": 2,
+SMALL_SHAPE_PARAMS = {"BN": 64, "NWG": 1, "MT": 1, "BC": 16, "STAGES": 4, "G": 2, "MINB": 1, "ROUND_X": 2,
                       "WRES": 1, "TMA": 1}
 # template file -> the problem whose tolerance it must meet
 CUDA_TEMPLATES = {
@@ -58,3 +58,15 @@ def test_small_shape_variant_builds(workspace) -> None:
     assert 'PARAMS = {"BN": 64, "NWG": 1' in code
     result = compile_kernel("causal_conv1d", code, "cuda", settings=workspace.settings)
     assert result.status == Status.passed, (result.message, result.log[-3000:])
+
+
+def test_shipped_points_are_points_the_search_can_reach() -> None:
+    """The defaults and the small-shape variant lie inside each template's constrained space, so the search
+    reaches them; a point the kernel's static_assert rejects (G not dividing BC/8) is never proposed."""
+    for name in CUDA_TEMPLATES:
+        template = load_template(TEMPLATES / name)
+        assert template is not None and template.is_valid(template.default_params), name
+    wgmma = load_template(TEMPLATES / "tf32_wgmma.py")
+    assert wgmma is not None and wgmma.is_valid(SMALL_SHAPE_PARAMS)
+    assert not wgmma.is_valid({**wgmma.default_params, "BC": 8, "G": 2})
+    assert all((p["BC"] // 8) % p["G"] == 0 for p in wgmma.all_params())

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ToolName
+from agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ShapeWinner, ToolName
 from agent.proposers.base import LoopView
 from agent.templates import BaselineKernel, KernelTemplate, Params, baseline_kernel, discover_templates, params_key
 from tools.jobs import EvalOptions
@@ -151,15 +151,21 @@ class SearchProposer:
     async def aclose(self) -> None:
         return None
 
-    def best_per_shape(self) -> dict[str, tuple[str, float]]:
-        """Per benchmark shape: the label of the fastest passed trial and its speedup."""
-        best: dict[str, tuple[str, float]] = {}
+    def best_per_shape(self) -> dict[str, ShapeWinner]:
+        """Per benchmark shape: the fastest passed trial (template and parameters) and its speedup there."""
+        best: dict[str, ShapeWinner] = {}
         for trial in self.search_state.trials.values():
             if trial.status != "passed":
                 continue
             for shape, speedup in trial.shape_speedups.items():
-                if shape not in best or speedup > best[shape][1]:
-                    best[shape] = (trial.label, speedup)
+                if shape not in best or speedup > best[shape].speedup:
+                    best[shape] = ShapeWinner(
+                        label=trial.label,
+                        template=trial.template,
+                        params=trial.params,
+                        attempt_id=trial.attempt_id,
+                        speedup=speedup,
+                    )
         return best
 
     # ---------------------------------------------------------------------------------- planning

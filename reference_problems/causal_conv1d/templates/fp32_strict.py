@@ -31,6 +31,10 @@ PARAM_SPACE = {
     "WRES": [0, 1],              # 1: allow the weight-resident path when Cout fits one tile
     "TMA": [0, 1],               # 1: bulk copies + mbarriers + producer warp (v2 pipeline) when aligned; 0: cp.async ring
 }
+PARAM_CONSTRAINTS = [
+    "(BC // 8) % G == 0",        # the kernel's static_assert: G divides the k8-steps of a stage
+    "TMA == 0 or STAGES == 4",   # the bulk-copy pipeline sizes its ring to fit shared memory: STAGES only
+]                                # shapes the cp.async fallback, so one value suffices when TMA is on
 
 CUDA_SRC = r"""
 #include <cuda_runtime.h>
