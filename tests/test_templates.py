@@ -70,3 +70,17 @@ def test_shipped_points_are_points_the_search_can_reach() -> None:
     assert wgmma is not None and wgmma.is_valid(SMALL_SHAPE_PARAMS)
     assert not wgmma.is_valid({**wgmma.default_params, "BC": 8, "G": 2})
     assert all((p["BC"] // 8) % p["G"] == 0 for p in wgmma.all_params())
+    # ptxas rejects an n256 wgmma at two warpgroups and two blocks per SM (C7602, 128 registers a thread)
+    assert not wgmma.is_valid({**wgmma.default_params, "BN": 256, "NWG": 2, "MINB": 2})
+    assert wgmma.is_valid({**wgmma.default_params, "BN": 256, "NWG": 1, "MINB": 2})
+
+
+def test_the_excluded_register_corner_really_fails_to_build(workspace) -> None:
+    """The constraint is the toolchain's verdict, not a guess: the point it excludes fails ptxas, with the
+    message in compile_kernel's result (before the fix it surfaced as an ImportError in the first test)."""
+    wgmma = load_template(TEMPLATES / "tf32_wgmma.py")
+    assert wgmma is not None
+    code = wgmma.render({**wgmma.default_params, "BN": 256, "NWG": 2, "MINB": 2})
+    result = compile_kernel("causal_conv1d", code, "cuda", settings=workspace.settings)
+    assert result.status == Status.compile_error
+    assert "Insufficient registers" in result.message

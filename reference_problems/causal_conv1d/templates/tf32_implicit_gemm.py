@@ -470,8 +470,6 @@ class ModelNew(nn.Module):
         return y
 
 
-if torch.cuda.is_available():
-    try:
-        _build(PARAMS)
-    except Exception:  # build lazily in forward (surfaces the error there)
-        pass
+# Built at import, GPU or not (nvcc needs none): compile_kernel then really compiles it on a build lane and
+# reports a build error there, with its diagnostics, rather than in the first test on the GPU.
+_build(PARAMS)

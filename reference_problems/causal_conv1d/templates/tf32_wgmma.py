@@ -46,7 +46,9 @@ PARAM_SPACE = {
 PARAM_CONSTRAINTS = [
     "(BC // 8) % G == 0",        # the kernel's static_assert: G divides the k8-steps of a stage
     "TMA == 0 or STAGES == 4",   # the bulk-copy pipeline sizes its ring to fit shared memory: STAGES only
-]                                # shapes the cp.async fallback, so one value suffices when TMA is on
+                                 # shapes the cp.async fallback, so one value suffices when TMA is on
+    "BN < 256 or NWG * MINB < 4",  # an n256 wgmma needs ~158 registers a thread; two warpgroups at two
+]                                  # blocks per SM leave 128 (ptxas C7602)
 
 CUDA_SRC = r"""
 #include <cuda_runtime.h>
@@ -793,8 +795,6 @@ class ModelNew(nn.Module):
         return y
 
 
-if torch.cuda.is_available():
-    try:
-        _build(PARAMS)
-    except Exception:  # build lazily in forward (surfaces the error there)
-        pass
+# Built at import, GPU or not (nvcc needs none): compile_kernel then really compiles it on a build lane and
+# reports a build error there, with its diagnostics, rather than in the first test on the GPU.
+_build(PARAMS)
