@@ -24,7 +24,7 @@ from agent.proposers.search import SearchProposer
 from agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from agent.templates import KernelTemplate, TemplateError, discover_templates, load_template, render_params
 from storage.models import JobPublic
-from tools.results import Status, TestResult
+from tools.results import BenchmarkResult, ShapeBenchmark, Status, TestResult
 from tools.settings import Settings
 
 TOOL = ToolDefinition(
@@ -132,6 +132,68 @@ def test_search_halves_then_climbs_to_the_best_point(tmp_path: Path) -> None:
     assert best.params == {"A": 4, "B": 3}, best
     resumed = SearchProposer(config, templates=[template], state=search.state())
     assert resumed.search_state.trials.keys() == state.trials.keys()
+
+
+def _shape_speeds(params: dict | None) -> dict[str, float]:
+    """Two shapes that prefer different points: "long" wants A high, "wide" wants B high."""
+    if params is None:
+        return {"long": 0.1, "wide": 0.1}
+    return {"long": 1.0 + params["A"], "wide": 1.0 + 2 * params["B"] - 0.1 * params["A"]}
+
+
+def test_parallel_search_climbs_several_neighbours_at_once_and_keeps_each_shapes_winner(tmp_path: Path) -> None:
+    """Three trajectories: the climb keeps up to three neighbours in flight (their builds overlap), still
+    ends on the best point, and the winner of each benchmark shape is kept with its template and parameters."""
+    from agent.templates import BaselineKernel
+
+    template = _template(tmp_path)
+    config = AgentRunConfig(problem="toy", backend="cpu", proposer="search", iterations=20, seed=5, parallel=3)
+    search = SearchProposer(config, templates=[template], baseline=BaselineKernel(name="naive", code="# naive"))
+    view = LoopView(run_id=1, step=1)
+    steps, widest_climb = 0, 0
+
+    async def trajectory(t: int) -> None:
+        nonlocal steps, widest_climb
+        while steps < config.iterations:
+            proposal = await search.propose(t, view)
+            if isinstance(proposal, ProposerDone):
+                return
+            steps += 1
+            step = steps
+            if search.search_state.phase == "climb":
+                widest_climb = max(widest_climb, len(search.search_state.in_flight))
+            await asyncio.sleep(0.001 * (step % 3))  # results come back out of order
+            trial = search.search_state.trials[proposal.key]  # type: ignore[index]
+            speeds = _shape_speeds(trial.params)
+            geomean = (speeds["long"] * speeds["wide"]) ** 0.5
+            shapes = [ShapeBenchmark(shape=name, status=Status.passed, speedup=v) for name, v in speeds.items()]
+            await search.observe(
+                t,
+                proposal,
+                Outcome(
+                    step=step,
+                    trajectory=t,
+                    tool=proposal.tool,
+                    attempt_id=step,
+                    status="passed",
+                    correct=True,
+                    speedup=geomean,
+                    results=[BenchmarkResult(status=Status.passed, problem="toy", backend="cpu", shapes=shapes)],
+                ),
+            )
+
+    async def drive() -> None:
+        await asyncio.gather(*(trajectory(t) for t in range(config.parallel)))
+
+    asyncio.run(drive())
+    state = search.search_state
+    assert widest_climb >= 2, "the climb ran one neighbour at a time"
+    assert state.trials[state.incumbent].params == {"A": 4, "B": 3}  # type: ignore[index]
+    winners = search.best_per_shape()
+    assert winners["long"].params is not None and winners["long"].params["A"] == 4
+    assert winners["wide"].params is not None and winners["wide"].params["B"] == 3
+    assert winners["wide"].template == "cpu_toy" and winners["wide"].attempt_id is not None
+    assert winners["long"].speedup == pytest.approx(5.0)
 
 
 def test_search_refuses_a_problem_without_templates() -> None:

@@ -5,9 +5,10 @@
    short benchmark (rung 0).
 3. Successive halving: the better half of what passed is re-timed with twice the timing budget, and
    again, until one is left: cheap, since re-timing reuses the build.
-4. Climb: neighbours of the incumbent (one parameter moved to an adjacent choice) at the full budget;
-   a neighbour faster by more than the noise margin becomes the incumbent. When no neighbour is left,
-   a random unseen point; when none is left at all, the search is done.
+4. Climb: neighbours of the incumbent (one parameter moved to an adjacent choice) at the full budget,
+   one per trajectory at a time so builds overlap the device work; a neighbour faster by more than the
+   noise margin becomes the incumbent. When no neighbour is left, random unseen points; when none is
+   left at all, the search is done.
 
 The size of the first rung follows the iteration budget, so a CI-sized run (a handful of builds) still
 goes baseline -> explore -> halve -> climb. Every candidate is a Proposal; the trials, per-shape
@@ -227,11 +228,17 @@ class SearchProposer:
         return False
 
     def _plan_climb(self) -> bool:
+        """Queue the incumbent's untried neighbours, as many as there are trajectories, so their builds overlap
+        the device work of the others; when none is left, unseen points, as many. False when nothing is left."""
+        width = max(1, self.config.parallel)
         incumbent = self.search_state.trials.get(self.search_state.incumbent or "")
         budget = self._budget(max(self.search_state.rung, 1))
+        planned = 0
         if incumbent is not None and incumbent.template in self.by_name and incumbent.params is not None:
             template = self.by_name[incumbent.template]
             for name, old, new, params in self._neighbours(template, incumbent.params):
+                if planned == width:
+                    break
                 if params_key(template.name, params) in self.search_state.trials:
                     continue
                 key = self._add_trial(template, params)
@@ -242,10 +249,10 @@ class SearchProposer:
                     f"search: climb from {incumbent.label} ({_speed(incumbent.score)}): {name} {old} -> {new}",
                     parent_key=incumbent.key,
                 )
-                return True
-        unseen = self._unseen_points()
-        if unseen:
-            template, params = unseen[0]
+                planned += 1
+        if planned:
+            return True
+        for template, params in self._unseen_points()[:width]:
             key = self._add_trial(template, params)
             self._enqueue(
                 key,
@@ -254,8 +261,8 @@ class SearchProposer:
                 f"search: every neighbour of the incumbent was tried; explore {template.name} {_describe(params)}",
                 parent_key=self.search_state.incumbent,
             )
-            return True
-        return False
+            planned += 1
+        return planned > 0
 
     def _maybe_promote(self, trial: Trial) -> None:
         incumbent = self.search_state.trials.get(self.search_state.incumbent or "")
