@@ -1,4 +1,4 @@
-"""`kernelloop serve` and `kernelloop history runs|attempts|show ID|best`.
+"""`kernelloop serve` and `kernelloop history runs|run ID|attempts|show ID|best`.
 
 `serve` runs the service with uvicorn. Without an API token it listens on loopback only, and says so.
 `history` reads the database directly (the same queries as the API), so it works with the service
@@ -20,7 +20,7 @@ from sqlmodel import Session
 from server.limits import is_loopback
 from storage import history, problems
 from storage.database import SchemaError, database_url, describe_url, open_database
-from storage.models import AttemptFilter, AttemptStatus, RunStatus
+from storage.models import AttemptFilter, AttemptStatus, Run, RunStatus
 from tools.settings import Settings
 
 
@@ -104,6 +104,32 @@ def _history_runs(args: argparse.Namespace) -> int:
         print(f"{run.id:>5}  {run.problem:22} {run.status.value:11} {run.attempts:>8} {_fmt(run.best_speedup):>8}  "
               f"{(run.proposer or '-'):14} {_when(run.created_at):19}  {run.name or ''}")
     print(f"{len(page.items)} of {page.total} runs")
+    return 0
+
+
+def _history_run(args: argparse.Namespace) -> int:
+    engine = _open(args)
+    with Session(engine) as session:
+        row = session.get(Run, args.id)
+        run = history.run_public(session, row) if row is not None else None
+    if run is None:
+        print(f"kernelloop history run: no run {args.id} (kernelloop history runs lists them)", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json(run)
+        return 0
+    print(f"run {run.id}: {run.name or ''} ({run.problem}, {run.backend or '-'}, {run.proposer or '-'})")
+    print(f"  status {run.status.value}, started {_when(run.created_at)}, finished {_when(run.finished_at)}")
+    if run.notes:
+        print(f"  {run.notes}")
+    print(f"  {run.attempts} attempts; best: attempt #{run.best_attempt_id or '-'} at {_fmt(run.best_speedup)}x")
+    winners = run.meta.get("best_per_shape") or {}
+    if winners:
+        print("  fastest per benchmark shape (the search's record):")
+        for shape, winner in winners.items():
+            print(f"    {shape:34} {_fmt(winner.get('speedup'))}x  attempt #{winner.get('attempt_id') or '-'}  "
+                  f"{winner.get('label', '')}")
+    print(f"  its attempts: kernelloop history attempts --run {run.id}")
     return 0
 
 
@@ -217,6 +243,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     runs.add_argument("--limit", type=int, default=50)
     common(runs)
     runs.set_defaults(handler=_guarded(_history_runs))
+
+    run = sub.add_parser("run", help="one run: status, best, and the search's winner per benchmark shape")
+    run.add_argument("id", type=int)
+    common(run)
+    run.set_defaults(handler=_guarded(_history_run))
 
     attempts = sub.add_parser("attempts", help="attempts, filtered and sorted")
     attempts.add_argument("--problem")

@@ -54,6 +54,7 @@ def test_search_improves_on_its_baseline_within_a_ci_budget(session_root: Path) 
         assert run is not None and run.status == "finished" and run.proposer == "search"
         attempts = history.list_attempts(session, AttemptFilter(run_id=run.id, sort="id", order="asc")).items
         state = run.meta["agent"]["proposer_state"]
+        winners = run.meta["best_per_shape"]
     baseline = attempts[0]
     assert baseline.rationale is not None and "baseline" in baseline.rationale and baseline.correct
     assert len(attempts) == CI_ITERATIONS  # every candidate is its own attempt (no re-timing at this budget)
@@ -69,6 +70,16 @@ def test_search_improves_on_its_baseline_within_a_ci_budget(session_root: Path) 
     best = next(a for a in attempts if a.id == summary.best_attempt_id)
     assert best.correct and best.speedup == pytest.approx(summary.best_speedup)
     assert summary.best_path and "PARAMS = " in Path(summary.best_path).read_text()
+
+    # the winner of the benchmark shape is kept with the run: template and parameters, enough to rebuild it
+    (shape, winner), = winners.items()
+    assert winner["attempt_id"] == summary.best_attempt_id and winner["template"] == "cpu_blocked"
+    assert winner["speedup"] == pytest.approx(summary.best_speedup)
+    assert f"PARAMS = {json.dumps(winner['params'])}" in Path(summary.best_path).read_text().replace("'", '"')
+    shown = subprocess.run([sys.executable, "-m", "tools.cli", "history", "run", str(summary.run_id),
+                            "--data-dir", str(settings.data_dir)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert shape in shown.stdout and winner["label"] in shown.stdout and "finished" in shown.stdout
 
 
 @pytest.mark.gpu
