@@ -11,8 +11,9 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from sqlmodel import Session
@@ -20,8 +21,10 @@ from sqlmodel import Session
 from server.limits import is_loopback
 from storage import history, problems
 from storage.database import SchemaError, database_url, describe_url, open_database
-from storage.models import AttemptFilter, AttemptStatus, Run, RunStatus
+from storage.models import AttemptFilter, AttemptStatus, Run, RunPublic, RunStatus
 from tools.settings import Settings
+
+T = TypeVar("T", bound=BaseModel)
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
@@ -107,16 +110,26 @@ def _history_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one(args: argparse.Namespace, fetch: Callable[[Session], T | None], missing: str) -> T | None:
+    """One row for `history run|show`: printed as JSON with --json; None (after saying so) when absent."""
+    with Session(_open(args)) as session:
+        value = fetch(session)
+    if value is None:
+        print(missing, file=sys.stderr)
+    elif args.json:
+        _print_json(value)
+    return value
+
+
 def _history_run(args: argparse.Namespace) -> int:
-    engine = _open(args)
-    with Session(engine) as session:
+    def fetch(session: Session) -> RunPublic | None:
         row = session.get(Run, args.id)
-        run = history.run_public(session, row) if row is not None else None
+        return history.run_public(session, row) if row is not None else None
+
+    run = _one(args, fetch, f"kernelloop history run: no run {args.id} (kernelloop history runs lists them)")
     if run is None:
-        print(f"kernelloop history run: no run {args.id} (kernelloop history runs lists them)", file=sys.stderr)
         return 2
     if args.json:
-        _print_json(run)
         return 0
     print(f"run {run.id}: {run.name or ''} ({run.problem}, {run.backend or '-'}, {run.proposer or '-'})")
     print(f"  status {run.status.value}, started {_when(run.created_at)}, finished {_when(run.finished_at)}")
@@ -155,14 +168,11 @@ def _history_attempts(args: argparse.Namespace) -> int:
 
 
 def _history_show(args: argparse.Namespace) -> int:
-    engine = _open(args)
-    with Session(engine) as session:
-        detail = history.attempt_detail(session, args.id)
+    detail = _one(args, lambda session: history.attempt_detail(session, args.id),
+                  f"kernelloop history show: no attempt {args.id} (kernelloop history attempts lists them)")
     if detail is None:
-        print(f"kernelloop history show: no attempt {args.id} (kernelloop history attempts lists them)", file=sys.stderr)
         return 2
     if args.json:
-        _print_json(detail)
         return 0
     print(f"attempt {detail.id}: {detail.problem} on {detail.backend}, {detail.status.value}"
           + (f", speedup {detail.speedup:.3f}x" if detail.speedup else "") + (f" on {detail.device}" if detail.device else ""))
