@@ -33,8 +33,6 @@ PARAM_SPACE = {
 }
 PARAM_CONSTRAINTS = [
     "(BC // 8) % G == 0",        # the kernel's static_assert: G divides the k8-steps of a stage
-    "TMA == 0 or STAGES == 4",   # the bulk-copy pipeline sizes its ring to fit shared memory: STAGES only
-                                 # shapes the cp.async fallback, so one value suffices when TMA is on
     "BN < 256 or NWG * MINB < 4",  # an n256 wgmma needs ~158 registers a thread; two warpgroups at two
 ]                                  # blocks per SM leave 128 (ptxas C7602)
 
