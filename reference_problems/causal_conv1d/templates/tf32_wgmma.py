@@ -163,6 +163,95 @@ __device__ __forceinline__ void load_stage(const ConvParams& p, float* xs, float
   }
 }
 
+// What both kernels do per chunk and per finished tile, written once. Macros rather than functions so that
+// each kernel compiles to the very code it had when it spelled these out (same SASS; as inline functions the
+// scheduling changed). They read the kernel's own names: BNT, NQ, ND, ch, acc, xa0, wbase, desc_hi, lbo_field,
+// ngrp, XS4, XS8, p, tc, wrow, g, tq.
+#define ZERO_ACC_AT_TILE_START()                                                        \
+  if (ch == 0) {                                                                        \
+    _Pragma("unroll")                                                                   \
+    for (int i = 0; i < MT; ++i)                                                        \
+      _Pragma("unroll")                                                                 \
+      for (int j = 0; j < ND; ++j) acc[i][j] = 0.f;                                     \
+  }
+// load A fragments of group gi into buffer hb; issue its wgmmas; pin buffer hb's registers
+#define LOAD_A(hb, gi)                                                                  \
+  {                                                                                     \
+    const int s0_ = (gi) * G; const int j_ = s0_ / NQ; const int q0_ = s0_ - j_ * NQ;   \
+    const float* xj_ = xa0 + j_ * p.dil + q0_ * XS8;                                    \
+    _Pragma("unroll") for (int gg = 0; gg < G; ++gg)                                    \
+    _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                                 \
+      const float* xq_ = xj_ + gg * XS8 + mt * 64;                                      \
+      af[hb][gg][mt][0] = to_tf32(xq_[0]);                                              \
+      af[hb][gg][mt][1] = to_tf32(xq_[8]);                                              \
+      af[hb][gg][mt][2] = to_tf32(xq_[XS4]);                                            \
+      af[hb][gg][mt][3] = to_tf32(xq_[XS4 + 8]);                                        \
+    }                                                                                   \
+  }
+#define ISSUE(hb, gi)                                                                   \
+  {                                                                                     \
+    const int s0_ = (gi) * G;                                                           \
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");                           \
+    _Pragma("unroll") for (int gg = 0; gg < G; ++gg) {                                  \
+      const uint32_t addr_ = wbase + (uint32_t)((s0_ + gg) * (2 * BNT * 16));           \
+      const uint64_t desc_ = desc_hi | (uint64_t)(lbo_field | ((addr_ >> 4) & 0x3FFF)); \
+      _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) wgmma_tf32<BNT>(acc[mt], af[hb][gg][mt], desc_);\
+    }                                                                                   \
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");                    \
+  }
+#define FENCE_A(hb)                                                                     \
+  _Pragma("unroll") for (int gg = 0; gg < G; ++gg)                                      \
+  _Pragma("unroll") for (int mt = 0; mt < MT; ++mt)                                     \
+  _Pragma("unroll") for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(af[hb][gg][mt][e]) :: "memory");
+// one channel chunk: A double-buffered across groups of G k8-steps, one wgmma commit group per group
+#define MMA_CHUNK()                                                                     \
+  uint32_t af[2][G][MT][4];                                                             \
+  LOAD_A(0, 0)                                                                          \
+  _Pragma("unroll 1")                                                                   \
+  for (int gi = 0; gi < ngrp; gi += 2) {                                                \
+    ISSUE(0, gi)                                                                        \
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");                    \
+    FENCE_A(1)                                                                          \
+    if (gi + 1 < ngrp) {                                                                \
+      LOAD_A(1, gi + 1)                                                                 \
+      ISSUE(1, gi + 1)                                                                  \
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");                  \
+      FENCE_A(0)                                                                        \
+      if (gi + 2 < ngrp) LOAD_A(0, gi + 2)                                              \
+    }                                                                                   \
+  }                                                                                     \
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");                      \
+  FENCE_A(0)                                                                            \
+  FENCE_A(1)                                                                            \
+  _Pragma("unroll")                                                                     \
+  for (int mt = 0; mt < MT; ++mt)                                                       \
+    _Pragma("unroll")                                                                   \
+    for (int j = 0; j < ND; ++j) asm volatile("" : "+f"(acc[mt][j]) :: "memory");
+// bias fused, streaming stores straight from the accumulators
+#define STORE_TILE()                                                                    \
+  float* yb = p.y + (size_t)tc.b * p.Cout * (size_t)p.L;                                \
+  _Pragma("unroll")                                                                     \
+  for (int jn = 0; jn < BNT / 8; ++jn) {                                                \
+    const int n = tc.n0 + jn * 8 + 2 * tq;                                              \
+    const bool okn0 = n < p.Cout, okn1 = (n + 1) < p.Cout;                              \
+    const float bv0 = (p.bias && okn0) ? __ldg(p.bias + n) : 0.f;                       \
+    const float bv1 = (p.bias && okn1) ? __ldg(p.bias + n + 1) : 0.f;                   \
+    float* y0 = yb + (size_t)n * p.L;                                                   \
+    float* y1 = y0 + p.L;                                                               \
+    _Pragma("unroll")                                                                   \
+    for (int mt = 0; mt < MT; ++mt) {                                                   \
+      const int m = tc.t0 + wrow + mt * 64 + g;                                         \
+      if (m < p.L) {                                                                    \
+        if (okn0) __stcs(y0 + m, acc[mt][4 * jn + 0] + bv0);                            \
+        if (okn1) __stcs(y1 + m, acc[mt][4 * jn + 1] + bv1);                            \
+      }                                                                                 \
+      if (m + 8 < p.L) {                                                                \
+        if (okn0) __stcs(y0 + m + 8, acc[mt][4 * jn + 2] + bv0);                        \
+        if (okn1) __stcs(y1 + m + 8, acc[mt][4 * jn + 3] + bv1);                        \
+      }                                                                                 \
+    }                                                                                   \
+  }
+
 template <int BNT, bool VEC, bool WRESv>
 __global__ void __launch_bounds__(NT, MINB) cc1d_mma_kernel(const ConvParams p) {
   constexpr int NQ = BC / 8, ND = BNT / 2;
@@ -220,97 +309,17 @@ __global__ void __launch_bounds__(NT, MINB) cc1d_mma_kernel(const ConvParams p) 
     }
     cp_commit();
 
-    if (ch == 0) {
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < ND; ++j) acc[i][j] = 0.f;
-    }
+    ZERO_ACC_AT_TILE_START()
 
     const float* xs = smem + slot * stage_f;
     const float* ws = WRESv ? (wres + (size_t)ch * p.wstage) : (xs + xstage);
     const float* xa0 = xs + tq * p.XS + tc.off + wrow + g;
     const uint32_t wbase = smem_u32(ws);
 
-    uint32_t af[2][G][MT][4];
-    // load A fragments of group gi into buffer hb
-#define LOAD_A(hb, gi)                                                              \
-    {                                                                               \
-      const int s0_ = (gi) * G; const int j_ = s0_ / NQ; const int q0_ = s0_ - j_ * NQ; \
-      const float* xj_ = xa0 + j_ * p.dil + q0_ * XS8;                               \
-      _Pragma("unroll") for (int gg = 0; gg < G; ++gg)                               \
-      _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                            \
-        const float* xq_ = xj_ + gg * XS8 + mt * 64;                                 \
-        af[hb][gg][mt][0] = to_tf32(xq_[0]);                                         \
-        af[hb][gg][mt][1] = to_tf32(xq_[8]);                                         \
-        af[hb][gg][mt][2] = to_tf32(xq_[XS4]);                                       \
-        af[hb][gg][mt][3] = to_tf32(xq_[XS4 + 8]);                                   \
-      }                                                                             \
-    }
-#define ISSUE(hb, gi)                                                               \
-    {                                                                               \
-      const int s0_ = (gi) * G;                                                     \
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");                     \
-      _Pragma("unroll") for (int gg = 0; gg < G; ++gg) {                            \
-        const uint32_t addr_ = wbase + (uint32_t)((s0_ + gg) * (2 * BNT * 16));     \
-        const uint64_t desc_ = desc_hi | (uint64_t)(lbo_field | ((addr_ >> 4) & 0x3FFF)); \
-        _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) wgmma_tf32<BNT>(acc[mt], af[hb][gg][mt], desc_); \
-      }                                                                             \
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");              \
-    }
-#define FENCE_A(hb)                                                                 \
-    _Pragma("unroll") for (int gg = 0; gg < G; ++gg)                                \
-    _Pragma("unroll") for (int mt = 0; mt < MT; ++mt)                               \
-    _Pragma("unroll") for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(af[hb][gg][mt][e]) :: "memory");
-
-    LOAD_A(0, 0)
-#pragma unroll 1
-    for (int gi = 0; gi < ngrp; gi += 2) {
-      ISSUE(0, gi)
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      FENCE_A(1)
-      if (gi + 1 < ngrp) {
-        LOAD_A(1, gi + 1)
-        ISSUE(1, gi + 1)
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        FENCE_A(0)
-        if (gi + 2 < ngrp) LOAD_A(0, gi + 2)
-      }
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    FENCE_A(0)
-    FENCE_A(1)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < ND; ++j) asm volatile("" : "+f"(acc[mt][j]) :: "memory");
-#undef LOAD_A
-#undef ISSUE
-#undef FENCE_A
+    MMA_CHUNK()
 
     if (ch == p.nch - 1) {
-      float* yb = p.y + (size_t)tc.b * p.Cout * (size_t)p.L;
-#pragma unroll
-      for (int jn = 0; jn < BNT / 8; ++jn) {
-        const int n = tc.n0 + jn * 8 + 2 * tq;
-        const bool okn0 = n < p.Cout, okn1 = (n + 1) < p.Cout;
-        const float bv0 = (p.bias && okn0) ? __ldg(p.bias + n) : 0.f;
-        const float bv1 = (p.bias && okn1) ? __ldg(p.bias + n + 1) : 0.f;
-        float* y0 = yb + (size_t)n * p.L;
-        float* y1 = y0 + p.L;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const int m = tc.t0 + wrow + mt * 64 + g;
-          if (m < p.L) {
-            if (okn0) __stcs(y0 + m, acc[mt][4 * jn + 0] + bv0);
-            if (okn1) __stcs(y1 + m, acc[mt][4 * jn + 1] + bv1);
-          }
-          if (m + 8 < p.L) {
-            if (okn0) __stcs(y0 + m + 8, acc[mt][4 * jn + 2] + bv0);
-            if (okn1) __stcs(y1 + m + 8, acc[mt][4 * jn + 3] + bv1);
-          }
-        }
-      }
+      STORE_TILE()
       cur_tile += gridDim.x;
       tc = tile_coord(p, cur_tile, TM, BNT);
       ch = 0;
@@ -424,99 +433,20 @@ __global__ void __launch_bounds__(NT + 128, 1) cc1d_tma_kernel(const ConvParams 
 
 #pragma unroll 1
   for (int it = 0; it < total; ++it) {
-    if (ch == 0) {
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < ND; ++j) acc[i][j] = 0.f;
-    }
+    ZERO_ACC_AT_TILE_START()
     mbar_wait(FULLB(slot), use & 1);
     const float* xs = ring + slot * stage_f;
     const float* ws = WRESv ? (wres + (size_t)ch * p.wstage) : (xs + xstage);
     const float* xa0 = xs + tq * p.XS + tc.off + wrow + g;
     const uint32_t wbase = smem_u32(ws);
 
-    uint32_t af[2][G][MT][4];
-#define LOAD_A(hb, gi)                                                              \
-    {                                                                               \
-      const int s0_ = (gi) * G; const int j_ = s0_ / NQ; const int q0_ = s0_ - j_ * NQ; \
-      const float* xj_ = xa0 + j_ * p.dil + q0_ * XS8;                               \
-      _Pragma("unroll") for (int gg = 0; gg < G; ++gg)                               \
-      _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) {                            \
-        const float* xq_ = xj_ + gg * XS8 + mt * 64;                                 \
-        af[hb][gg][mt][0] = to_tf32(xq_[0]);                                         \
-        af[hb][gg][mt][1] = to_tf32(xq_[8]);                                         \
-        af[hb][gg][mt][2] = to_tf32(xq_[XS4]);                                       \
-        af[hb][gg][mt][3] = to_tf32(xq_[XS4 + 8]);                                   \
-      }                                                                             \
-    }
-#define ISSUE(hb, gi)                                                               \
-    {                                                                               \
-      const int s0_ = (gi) * G;                                                     \
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");                     \
-      _Pragma("unroll") for (int gg = 0; gg < G; ++gg) {                            \
-        const uint32_t addr_ = wbase + (uint32_t)((s0_ + gg) * (2 * BNT * 16));     \
-        const uint64_t desc_ = desc_hi | (uint64_t)(lbo_field | ((addr_ >> 4) & 0x3FFF)); \
-        _Pragma("unroll") for (int mt = 0; mt < MT; ++mt) wgmma_tf32<BNT>(acc[mt], af[hb][gg][mt], desc_); \
-      }                                                                             \
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");              \
-    }
-#define FENCE_A(hb)                                                                 \
-    _Pragma("unroll") for (int gg = 0; gg < G; ++gg)                                \
-    _Pragma("unroll") for (int mt = 0; mt < MT; ++mt)                               \
-    _Pragma("unroll") for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(af[hb][gg][mt][e]) :: "memory");
-
-    LOAD_A(0, 0)
-#pragma unroll 1
-    for (int gi = 0; gi < ngrp; gi += 2) {
-      ISSUE(0, gi)
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      FENCE_A(1)
-      if (gi + 1 < ngrp) {
-        LOAD_A(1, gi + 1)
-        ISSUE(1, gi + 1)
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        FENCE_A(0)
-        if (gi + 2 < ngrp) LOAD_A(0, gi + 2)
-      }
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    FENCE_A(0)
-    FENCE_A(1)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < ND; ++j) asm volatile("" : "+f"(acc[mt][j]) :: "memory");
-#undef LOAD_A
-#undef ISSUE
-#undef FENCE_A
+    MMA_CHUNK()
     __syncwarp();
     if (lane == 0) mbar_arrive(EMPTYB(slot));
     if (++slot == p.nst) { slot = 0; ++use; }
 
     if (ch == p.nch - 1) {
-      float* yb = p.y + (size_t)tc.b * p.Cout * (size_t)p.L;
-#pragma unroll
-      for (int jn = 0; jn < BNT / 8; ++jn) {
-        const int n = tc.n0 + jn * 8 + 2 * tq;
-        const bool okn0 = n < p.Cout, okn1 = (n + 1) < p.Cout;
-        const float bv0 = (p.bias && okn0) ? __ldg(p.bias + n) : 0.f;
-        const float bv1 = (p.bias && okn1) ? __ldg(p.bias + n + 1) : 0.f;
-        float* y0 = yb + (size_t)n * p.L;
-        float* y1 = y0 + p.L;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const int m = tc.t0 + wrow + mt * 64 + g;
-          if (m < p.L) {
-            if (okn0) __stcs(y0 + m, acc[mt][4 * jn + 0] + bv0);
-            if (okn1) __stcs(y1 + m, acc[mt][4 * jn + 1] + bv1);
-          }
-          if (m + 8 < p.L) {
-            if (okn0) __stcs(y0 + m + 8, acc[mt][4 * jn + 2] + bv0);
-            if (okn1) __stcs(y1 + m + 8, acc[mt][4 * jn + 3] + bv1);
-          }
-        }
-      }
+      STORE_TILE()
       cur_tile += gridDim.x;
       tc = tile_coord(p, cur_tile, TM, BNT);
       ch = 0;
@@ -529,6 +459,12 @@ __global__ void __launch_bounds__(NT + 128, 1) cc1d_tma_kernel(const ConvParams 
 #undef EMPTYB
 #undef WBAR
 }
+#undef ZERO_ACC_AT_TILE_START
+#undef LOAD_A
+#undef ISSUE
+#undef FENCE_A
+#undef MMA_CHUNK
+#undef STORE_TILE
 
 template <int BNT, bool WRESv>
 static int launch_tma_t(ConvParams p, size_t smem, cudaStream_t st) {
