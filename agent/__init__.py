@@ -1,6 +1,6 @@
 """The agent: a loop that proposes kernels, evaluates them through the kernelloop service, and keeps the best.
 
-`kernelloop agent run` (agent.cli) drives `agent.loop` with one of the proposers in `agent.proposers`
+`kernelloop agent run` (kernelloop.cli.agent) drives `agent.loop` with one of the proposers in `agent.proposers`
 (llm, search, replay), talking to the service over HTTP (`agent.service_client`), embedded on a loopback
 port when no --server is given (`agent.embedded`).
 """

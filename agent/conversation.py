@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agent.llm.types import ChatMessage
+from kernelloop.agent.llm.types import ChatMessage
 
 MAX_DIGEST_LINES = 60
 KEEP_TURNS = 2  # the newest turns are never dropped

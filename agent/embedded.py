@@ -14,7 +14,7 @@ import time
 
 from pydantic import BaseModel
 
-from tools.settings import Settings
+from kernelloop.tools.settings import Settings
 
 
 class EmbeddedServiceError(RuntimeError):
@@ -44,8 +44,8 @@ class EmbeddedService:
     def start(self) -> EmbeddedServiceInfo:
         import uvicorn
 
-        from server.app import ConfigError, create_app
-        from storage.database import SchemaError, describe_url
+        from kernelloop.server.app import ConfigError, create_app
+        from kernelloop.storage.database import SchemaError, describe_url
 
         try:
             app = create_app(self.settings)

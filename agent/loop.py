@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agent.models import (
+from kernelloop.agent.models import (
     AgentRunConfig,
     AttemptLine,
     Outcome,
@@ -28,10 +28,10 @@ from agent.models import (
     ShapeWinner,
     outcome_fields,
 )
-from agent.progress import Progress
-from agent.proposers.base import LoopView, Proposer
-from agent.service_client import ServiceClient, ServiceFailure
-from storage.models import AttemptSummary, JobEventPublic, RunStatus, RunUpdate, SubmissionRequest
+from kernelloop.agent.progress import Progress
+from kernelloop.agent.proposers.base import LoopView, Proposer
+from kernelloop.agent.service_client import ServiceClient, ServiceFailure
+from kernelloop.storage.models import AttemptSummary, JobEventPublic, RunStatus, RunUpdate, SubmissionRequest
 
 REGRESSION_MARGIN = 0.97  # slower than 97% of the best counts as a regression
 FATAL_SERVICE_FAILURES = {"unreachable", "timeout", "server_error", "bad_response"}

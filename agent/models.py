@@ -11,10 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from agent.templates import Params
-from storage.models import JobPublic, JobStatus
-from tools.jobs import EvalOptions
-from tools.results import Backend, PhaseResultAny, Status
+from kernelloop.agent.templates import Params
+from kernelloop.storage.models import JobPublic, JobStatus
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.results import Backend, PhaseResultAny, Status
 
 ToolName = Literal["compile_kernel", "run_tests", "benchmark", "evaluate"]
 ProposerName = Literal["llm", "search", "replay"]

@@ -11,8 +11,8 @@ import sys
 import time
 from typing import TextIO
 
-from agent.models import Outcome, Proposal, RunSummary
-from storage.models import JobEventPublic
+from kernelloop.agent.models import Outcome, Proposal, RunSummary
+from kernelloop.storage.models import JobEventPublic
 
 
 def _speed(value: float | None) -> str:

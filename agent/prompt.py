@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import platform
 
-from server.schemas import DevicesReport
-from storage.models import ProblemDetail
-from tools.devices import DATASHEET
-from tools.results import Backend
+from kernelloop.server.schemas import DevicesReport
+from kernelloop.storage.models import ProblemDetail
+from kernelloop.tools.devices import DATASHEET
+from kernelloop.tools.results import Backend
 
 # Streaming multiprocessors per GPU model (vendor figures); the service reports names only.
 SM_COUNTS = [("H200", 132), ("H100 PCIe", 114), ("H100", 132), ("A100", 108), ("L40S", 142)]

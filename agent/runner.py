@@ -12,20 +12,20 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from agent.llm.factory import make_chat_client
-from agent.llm.types import ToolDefinition
-from agent.loop import LoopMemory, RunLoop
-from agent.models import AgentRunConfig, RunSummary
-from agent.progress import Progress
-from agent.prompt import describe_device, system_prompt
-from agent.proposers.base import Proposer
-from agent.proposers.llm import LlmProposer
-from agent.proposers.replay import ReplayProposer, TranscriptError
-from agent.proposers.search import SearchProposer
-from agent.service_client import ServiceClient, ServiceFailure
-from server.schemas import Health
-from storage.models import ProblemCreate, ProblemDetail, RunCreate, RunPublic, RunStatus, RunUpdate
-from tools.settings import Settings
+from kernelloop.agent.llm.factory import make_chat_client
+from kernelloop.agent.llm.types import ToolDefinition
+from kernelloop.agent.loop import LoopMemory, RunLoop
+from kernelloop.agent.models import AgentRunConfig, RunSummary
+from kernelloop.agent.progress import Progress
+from kernelloop.agent.prompt import describe_device, system_prompt
+from kernelloop.agent.proposers.base import Proposer
+from kernelloop.agent.proposers.llm import LlmProposer
+from kernelloop.agent.proposers.replay import ReplayProposer, TranscriptError
+from kernelloop.agent.proposers.search import SearchProposer
+from kernelloop.agent.service_client import ServiceClient, ServiceFailure
+from kernelloop.server.schemas import Health
+from kernelloop.storage.models import ProblemCreate, ProblemDetail, RunCreate, RunPublic, RunStatus, RunUpdate
+from kernelloop.tools.settings import Settings
 
 
 class RunRefused(BaseModel):
@@ -216,7 +216,7 @@ async def resume_run(
             "or --time-budget S to continue it further"
         )
     if config.proposer == "llm" and config.llm is not None:
-        from agent.llm.factory import api_key, is_private_url
+        from kernelloop.agent.llm.factory import api_key, is_private_url
 
         if api_key(config.llm, settings) is None and not is_private_url(config.llm.base_url):
             return RunRefused(

@@ -15,9 +15,9 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from agent.models import TOOL_ENDPOINTS, ToolName
-from server.schemas import DevicesReport, Health, ToolsCatalog
-from storage.models import (
+from kernelloop.agent.models import TOOL_ENDPOINTS, ToolName
+from kernelloop.server.schemas import DevicesReport, Health, ToolsCatalog
+from kernelloop.storage.models import (
     TERMINAL_JOB_STATUSES,
     AttemptDetail,
     AttemptSummary,

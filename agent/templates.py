@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tools.problems import PROBLEMS_DIR
-from tools.results import Backend
+from kernelloop.tools.problems import PROBLEMS_DIR
+from kernelloop.tools.results import Backend
 
 ParamValue = int | float | str | bool
 Params = dict[str, ParamValue]

@@ -7,8 +7,8 @@ outcomes stand in for older turns once the conversation is compacted.
 
 from __future__ import annotations
 
-from agent.models import Outcome
-from tools.results import BenchmarkResult, CompileResult, Diagnostic, PhaseResult, TestResult
+from kernelloop.agent.models import Outcome
+from kernelloop.tools.results import BenchmarkResult, CompileResult, Diagnostic, PhaseResult, TestResult
 
 MAX_DIAGNOSTICS = 8
 MAX_FAILED_CHECKS = 6

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tools.results import BenchmarkResult, ShapeBenchmark
+from kernelloop.tools.results import BenchmarkResult, ShapeBenchmark
 
 
 def _ms(value: float | None) -> str:

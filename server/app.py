@@ -12,15 +12,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from server import errors
-from server.devices import gpu_lane_ids
-from server.executor import Executor, LocalExecutor
-from server.limits import BodySizeLimit, LoopbackOnly
-from server.routes import history, jobs, meta, problems, tools
-from server.service import Service
-from storage.database import open_database, sqlite_path
-from tools.sandbox import available_isolation
-from tools.settings import Settings
+from kernelloop.server import errors
+from kernelloop.server.devices import gpu_lane_ids
+from kernelloop.server.executor import Executor, LocalExecutor
+from kernelloop.server.limits import BodySizeLimit, LoopbackOnly
+from kernelloop.server.routes import history, jobs, meta, problems, tools
+from kernelloop.server.service import Service
+from kernelloop.storage.database import open_database, sqlite_path
+from kernelloop.tools.sandbox import available_isolation
+from kernelloop.tools.settings import Settings
 
 log = logging.getLogger("kernelloop.server")
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from server.errors import ApiError
+from kernelloop.server.errors import ApiError
 
 bearer = HTTPBearer(auto_error=False, description="KERNELLOOP_API_TOKEN; needed on POST and PATCH when the service has one")
 

@@ -8,7 +8,7 @@ import subprocess
 
 from pydantic import BaseModel
 
-from tools.settings import Settings
+from kernelloop.tools.settings import Settings
 
 QUERY = "index,uuid,name,memory.total,memory.used,utilization.gpu"
 

@@ -13,12 +13,12 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
-from tools import api
-from tools.api import Progress
-from tools.jobs import EvalOptions
-from tools.problems import ProblemSpec
-from tools.results import Backend, PhaseResult
-from tools.settings import Settings
+from kernelloop.tools import api
+from kernelloop.tools.api import Progress
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import ProblemSpec
+from kernelloop.tools.results import Backend, PhaseResult
+from kernelloop.tools.settings import Settings
 
 StepPhase = Literal["compile", "test", "benchmark"]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tools import sandbox, toolchain
-from tools.problems import ProblemSpec
-from tools.settings import Settings
+from kernelloop.tools import sandbox, toolchain
+from kernelloop.tools.problems import ProblemSpec
+from kernelloop.tools.settings import Settings
 
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 
@@ -96,7 +96,7 @@ def check_problem(name: str, source: str, settings: Settings) -> ProblemSpec:
         env = sandbox.worker_environment(toolchain.build_environment(hidden_gpus), job_dir)
         report = sandbox.run_worker(CheckJob(path=str(path), name=name, nonce=nonce).model_dump_json().encode(),
                                     job_dir=job_dir, writable=[], env=env, timeout_s=settings.problem_check_timeout_s,
-                                    settings=settings, on_message=on_message, module="server.problem_check")
+                                    settings=settings, on_message=on_message, module="kernelloop.server.problem_check")
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
     if not replies:
@@ -115,7 +115,7 @@ def _exercise(spec: ProblemSpec) -> None:
     """Build Model for every shape; call get_inputs() where a shape has no input sizes."""
     import torch
 
-    from tools.problems import import_problem_module
+    from kernelloop.tools.problems import import_problem_module
 
     module = import_problem_module(Path(spec.path))
     for shape in spec.shapes:
@@ -136,7 +136,7 @@ def main() -> None:
     channel = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     job = CheckJob.model_validate_json(sys.stdin.buffer.read())
     sys.stdin.close()
-    from tools.problems import load_problem_file
+    from kernelloop.tools.problems import load_problem_file
 
     try:
         spec = load_problem_file(Path(job.path), job.name)

@@ -13,11 +13,11 @@ import threading
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from server.events import EventHub
-from server.executor import Executor, Lane, StepRequest
-from storage import queue
-from storage.models import JobStatus, utcnow
-from tools.results import PhaseResult
+from kernelloop.server.events import EventHub
+from kernelloop.server.executor import Executor, Lane, StepRequest
+from kernelloop.storage import queue
+from kernelloop.storage.models import JobStatus, utcnow
+from kernelloop.tools.results import PhaseResult
 
 log = logging.getLogger("kernelloop.scheduler")
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from server.devices import GpuInfo
+from kernelloop.server.devices import GpuInfo
 
 
 class FieldError(BaseModel):

@@ -15,14 +15,14 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from server.errors import ApiError
-from server.events import EventHub
-from server.executor import Executor
-from server.limits import RateLimiter
-from server.problem_check import ProblemRejected, check_problem
-from server.scheduler import Scheduler
-from storage import history, problems, queue
-from storage.models import (
+from kernelloop.server.errors import ApiError
+from kernelloop.server.events import EventHub
+from kernelloop.server.executor import Executor
+from kernelloop.server.limits import RateLimiter
+from kernelloop.server.problem_check import ProblemRejected, check_problem
+from kernelloop.server.scheduler import Scheduler
+from kernelloop.storage import history, problems, queue
+from kernelloop.storage.models import (
     TERMINAL_JOB_STATUSES,
     Attempt,
     Job,
@@ -34,10 +34,10 @@ from storage.models import (
     Run,
     SubmissionRequest,
 )
-from tools.jobs import EvalOptions
-from tools.problems import ProblemSpec
-from tools.results import Backend
-from tools.settings import Settings
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import ProblemSpec
+from kernelloop.tools.results import Backend
+from kernelloop.tools.settings import Settings
 
 log = logging.getLogger("kernelloop.server")
 

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from storage.models import KernelSubmission
-from tools.jobs import EvalOptions
+from kernelloop.storage.models import KernelSubmission
+from kernelloop.tools.jobs import EvalOptions
 
 TOOLS: list[tuple[str, str, str]] = [
     ("compile_kernel", "/v1/compile",

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storage.models import Coverage
-from tools.jobs import EvalOptions
-from tools.problems import ProblemSpec
-from tools.results import BenchmarkResult, PhaseResult, Status, TestResult
+from kernelloop.storage.models import Coverage
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import ProblemSpec
+from kernelloop.tools.results import BenchmarkResult, PhaseResult, Status, TestResult
 
 DEFAULT_SEEDS = EvalOptions().seeds
 

@@ -17,8 +17,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, SQLModel, select
 
-from storage.history import recount_attempts
-from storage.models import SCHEMA_VERSION, SchemaInfo, utcnow
+from kernelloop.storage.history import recount_attempts
+from kernelloop.storage.models import SCHEMA_VERSION, SchemaInfo, utcnow
 
 log = logging.getLogger("kernelloop.storage")
 

@@ -17,8 +17,8 @@ from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from storage.coverage import Counted, counted
-from storage.models import (
+from kernelloop.storage.coverage import Counted, counted
+from kernelloop.storage.models import (
     Attempt,
     AttemptDetail,
     AttemptDiff,
@@ -39,9 +39,9 @@ from storage.models import (
     SubmissionRequest,
     utcnow,
 )
-from storage.problems import spec_of
-from tools.problems import ProblemSpec
-from tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, PhaseResultAny, Status, TestResult
+from kernelloop.storage.problems import spec_of
+from kernelloop.tools.problems import ProblemSpec
+from kernelloop.tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, PhaseResultAny, Status, TestResult
 
 RESULT_ADAPTER: TypeAdapter[PhaseResult] = TypeAdapter(PhaseResultAny)
 

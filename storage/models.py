@@ -20,9 +20,9 @@ from sqlalchemy import JSON, DateTime, Index, Text
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
-from tools.jobs import EvalOptions
-from tools.problems import ShapeSpec
-from tools.results import Backend, PhaseResultAny, Status, TolerancePolicy
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import ShapeSpec
+from kernelloop.tools.results import Backend, PhaseResultAny, Status, TolerancePolicy
 
 SCHEMA_VERSION = 2
 """Bumped with every change to the tables or to what their columns mean; storage.database upgrades or refuses

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from sqlmodel import Session, select
 
-from storage.models import Problem, ProblemDetail, ProblemSummary, utcnow
-from tools.problems import ProblemSpec, load_problem, shipped_problem_names
+from kernelloop.storage.models import Problem, ProblemDetail, ProblemSummary, utcnow
+from kernelloop.tools.problems import ProblemSpec, load_problem, shipped_problem_names
 
 log = logging.getLogger("kernelloop.storage")
 

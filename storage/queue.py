@@ -16,9 +16,9 @@ from datetime import datetime
 from sqlalchemy import Engine, func, update
 from sqlmodel import Session, col, select
 
-from storage.coverage import counted
-from storage.history import parse_result, record_evaluation
-from storage.models import (
+from kernelloop.storage.coverage import counted
+from kernelloop.storage.history import parse_result, record_evaluation
+from kernelloop.storage.models import (
     Attempt,
     CodeBlob,
     Evaluation,
@@ -33,10 +33,10 @@ from storage.models import (
     Problem,
     utcnow,
 )
-from storage.problems import spec_of
-from tools.jobs import EvalOptions
-from tools.problems import ProblemSpec
-from tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
+from kernelloop.storage.problems import spec_of
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import ProblemSpec
+from kernelloop.tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
 
 
 def steps_for(phase: JobPhase, backend: Backend) -> list[Phase]:

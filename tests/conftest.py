@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.settings import Settings
+from kernelloop.tools.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 SUBMISSIONS = Path(__file__).resolve().parent / "submissions"

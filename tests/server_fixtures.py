@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
-from tools.jobs import EvalOptions
-from tools.problems import ProblemSpec, load_problem
-from tools.results import Backend, BenchmarkResult, ShapeBenchmark, ShapeCheck, Status, TestResult
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import ProblemSpec, load_problem
+from kernelloop.tools.results import Backend, BenchmarkResult, ShapeBenchmark, ShapeCheck, Status, TestResult
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_EXAMPLE = (REPO / "reference_problems" / "causal_conv1d" / "example_cpu.py").read_text()
@@ -86,7 +86,7 @@ def free_port() -> int:
 
 
 class ServiceProcess:
-    """`python -m tools.cli serve` in its own process, on a free loopback port."""
+    """`python -m kernelloop serve` in its own process, on a free loopback port."""
 
     def __init__(self, name: str, *, token: str | None = TOKEN, cpu_workers: int = 2, rate_limit: int = 100_000,
                  extra_env: dict[str, str] | None = None, data_dir: Path | None = None):
@@ -110,7 +110,7 @@ class ServiceProcess:
     def start(self, timeout_s: float = 90.0) -> ServiceProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tools.cli", "serve", "--port", str(self.port), "--db", str(self.db)],
+                [sys.executable, "-m", "kernelloop", "serve", "--port", str(self.port), "--db", str(self.db)],
                 cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

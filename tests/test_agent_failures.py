@@ -24,19 +24,19 @@ import pytest
 from server_fixtures import python_conv
 from sqlmodel import Session
 
-from agent.embedded import EmbeddedService
-from agent.models import AgentRunConfig, LlmConfig, RunSummary
-from agent.progress import Progress
-from agent.runner import RunRefused, start_run
-from agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
-from agent.service_client import ServiceClient
-from storage import history
-from storage.database import open_database
-from storage.models import AttemptFilter, Run
-from tools.settings import Settings
+from kernelloop.agent.embedded import EmbeddedService
+from kernelloop.agent.models import AgentRunConfig, LlmConfig, RunSummary
+from kernelloop.agent.progress import Progress
+from kernelloop.agent.runner import RunRefused, start_run
+from kernelloop.agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.storage import history
+from kernelloop.storage.database import open_database
+from kernelloop.storage.models import AttemptFilter, Run
+from kernelloop.tools.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
-KERNELLOOP = [sys.executable, "-m", "tools.cli"]
+KERNELLOOP = [sys.executable, "-m", "kernelloop"]
 PROBLEM = "causal_conv1d"
 
 NO_MODEL_NEW = "import torch\n\nclass Model:\n    pass\n"

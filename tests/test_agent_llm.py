@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session
 
-from agent.embedded import EmbeddedService
-from agent.models import AgentRunConfig, LlmConfig, RunSummary
-from agent.progress import Progress
-from agent.runner import RunRefused, start_run
-from agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
-from agent.service_client import ServiceClient
-from agent.templates import discover_templates
-from storage import history
-from storage.database import open_database
-from storage.models import AttemptFilter, Run
-from tools.settings import Settings
+from kernelloop.agent.embedded import EmbeddedService
+from kernelloop.agent.models import AgentRunConfig, LlmConfig, RunSummary
+from kernelloop.agent.progress import Progress
+from kernelloop.agent.runner import RunRefused, start_run
+from kernelloop.agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.templates import discover_templates
+from kernelloop.storage import history
+from kernelloop.storage.database import open_database
+from kernelloop.storage.models import AttemptFilter, Run
+from kernelloop.tools.settings import Settings
 
 PROBLEM = "causal_conv1d"
 

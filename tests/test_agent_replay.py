@@ -15,16 +15,16 @@ from pathlib import Path
 
 from sqlmodel import Session
 
-from agent.proposers.replay import parse_transcript
-from storage import history
-from storage.database import open_database
-from storage.models import AttemptFilter, Run
-from tools.settings import Settings
+from kernelloop.agent.proposers.replay import parse_transcript
+from kernelloop.storage import history
+from kernelloop.storage.database import open_database
+from kernelloop.storage.models import AttemptFilter, Run
+from kernelloop.tools.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "agent" / "transcripts" / "seed_causal_conv1d.txt"
 SHARED_SEED = REPO.parent / "shared" / "seed" / "agent_transcript.txt"
-KERNELLOOP = [sys.executable, "-m", "tools.cli"]
+KERNELLOOP = [sys.executable, "-m", "kernelloop"]
 
 
 def _env(data_dir: Path, problems_dir: Path) -> dict[str, str]:

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session
 
-from agent.embedded import EmbeddedService
-from agent.models import AgentRunConfig, RunSummary
-from agent.progress import Progress
-from agent.runner import RunRefused, start_run
-from agent.service_client import ServiceClient
-from storage import history
-from storage.database import open_database
-from storage.models import AttemptFilter, Run
-from tools.settings import Settings
+from kernelloop.agent.embedded import EmbeddedService
+from kernelloop.agent.models import AgentRunConfig, RunSummary
+from kernelloop.agent.progress import Progress
+from kernelloop.agent.runner import RunRefused, start_run
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.storage import history
+from kernelloop.storage.database import open_database
+from kernelloop.storage.models import AttemptFilter, Run
+from kernelloop.tools.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 CI_ITERATIONS = 4
@@ -76,7 +76,7 @@ def test_search_improves_on_its_baseline_within_a_ci_budget(session_root: Path) 
     assert winner["attempt_id"] == summary.best_attempt_id and winner["template"] == "cpu_blocked"
     assert winner["speedup"] == pytest.approx(summary.best_speedup)
     assert f"PARAMS = {json.dumps(winner['params'])}" in Path(summary.best_path).read_text().replace("'", '"')
-    shown = subprocess.run([sys.executable, "-m", "tools.cli", "history", "run", str(summary.run_id),
+    shown = subprocess.run([sys.executable, "-m", "kernelloop", "history", "run", str(summary.run_id),
                             "--data-dir", str(settings.data_dir)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert shape in shown.stdout and winner["label"] in shown.stdout and "finished" in shown.stdout
@@ -94,7 +94,7 @@ def test_search_on_the_gpu_from_the_naive_baseline(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "tools.cli",
+            "kernelloop",
             "agent",
             "run",
             "--problem",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.templates import discover_templates
-from tools import api
-from tools.results import Status
-from tools.settings import Settings
+from kernelloop.agent.templates import discover_templates
+from kernelloop.tools import api
+from kernelloop.tools.results import Status
+from kernelloop.tools.settings import Settings
 
 PROBLEM = "mamba_causal_conv1d"
 

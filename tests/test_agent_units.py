@@ -10,22 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from agent.conversation import Conversation
-from agent.llm.anthropic_messages import AnthropicMessagesClient, to_anthropic_messages
-from agent.llm.factory import is_private_url, resolve_llm_config
-from agent.llm.openai_chat import OpenAIChatClient
-from agent.llm.types import ChatMessage, LlmFailure, ToolCall, ToolDefinition
-from agent.loop import RunLoop
-from agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, outcome_fields
-from agent.progress import Progress
-from agent.proposers.base import LoopView
-from agent.proposers.replay import TranscriptError, parse_transcript
-from agent.proposers.search import SearchProposer
-from agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
-from agent.templates import KernelTemplate, TemplateError, discover_templates, load_template, render_params
-from storage.models import JobPublic
-from tools.results import BenchmarkResult, ShapeBenchmark, Status, TestResult
-from tools.settings import Settings
+from kernelloop.agent.conversation import Conversation
+from kernelloop.agent.llm.anthropic_messages import AnthropicMessagesClient, to_anthropic_messages
+from kernelloop.agent.llm.factory import is_private_url, resolve_llm_config
+from kernelloop.agent.llm.openai_chat import OpenAIChatClient
+from kernelloop.agent.llm.types import ChatMessage, LlmFailure, ToolCall, ToolDefinition
+from kernelloop.agent.loop import RunLoop
+from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, outcome_fields
+from kernelloop.agent.progress import Progress
+from kernelloop.agent.proposers.base import LoopView
+from kernelloop.agent.proposers.replay import TranscriptError, parse_transcript
+from kernelloop.agent.proposers.search import SearchProposer
+from kernelloop.agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
+from kernelloop.agent.templates import KernelTemplate, TemplateError, discover_templates, load_template, render_params
+from kernelloop.storage.models import JobPublic
+from kernelloop.tools.results import BenchmarkResult, ShapeBenchmark, Status, TestResult
+from kernelloop.tools.settings import Settings
 
 TOOL = ToolDefinition(
     name="compile_kernel",
@@ -92,7 +92,7 @@ def _speed(params: dict) -> float:
 def test_search_halves_then_climbs_to_the_best_point(tmp_path: Path) -> None:
     """The plan on measured results (here a known speed function): rung 0, re-timing of the better half,
     then neighbours of the incumbent, until the budget is spent; every step is recorded as a trial."""
-    from agent.templates import BaselineKernel
+    from kernelloop.agent.templates import BaselineKernel
 
     template = _template(tmp_path)
     config = AgentRunConfig(problem="toy", backend="cpu", proposer="search", iterations=14, seed=3)
@@ -144,7 +144,7 @@ def _shape_speeds(params: dict | None) -> dict[str, float]:
 def test_parallel_search_climbs_several_neighbours_at_once_and_keeps_each_shapes_winner(tmp_path: Path) -> None:
     """Three trajectories: the climb keeps up to three neighbours in flight (their builds overlap), still
     ends on the best point, and the winner of each benchmark shape is kept with its template and parameters."""
-    from agent.templates import BaselineKernel
+    from kernelloop.agent.templates import BaselineKernel
 
     template = _template(tmp_path)
     config = AgentRunConfig(problem="toy", backend="cpu", proposer="search", iterations=20, seed=5, parallel=3)

@@ -29,11 +29,11 @@ from server_fixtures import (
 )
 from sqlmodel import Session
 
-from storage import history, problems
-from storage.database import database_url, open_database
-from storage.models import SCHEMA_VERSION, Attempt, RunCreate, utcnow
-from tools.results import CompileResult, Status, TestResult
-from tools.toolchain import gpu_arch
+from kernelloop.storage import history, problems
+from kernelloop.storage.database import database_url, open_database
+from kernelloop.storage.models import SCHEMA_VERSION, Attempt, RunCreate, utcnow
+from kernelloop.tools.results import CompileResult, Status, TestResult
+from kernelloop.tools.toolchain import gpu_arch
 
 HAS_GPU = gpu_arch() is not None
 
@@ -428,7 +428,7 @@ def test_a_thousand_attempts_page_in_under_100_ms(api: httpx.Client, service: Se
 
 def test_history_cli(service: ServiceProcess, evaluated: dict) -> None:
     def cli(*args: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "tools.cli", "history", *args, "--db", str(service.db)],
+        out = subprocess.run([sys.executable, "-m", "kernelloop", "history", *args, "--db", str(service.db)],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         return out.stdout
@@ -442,7 +442,7 @@ def test_history_cli(service: ServiceProcess, evaluated: dict) -> None:
     assert json.loads(cli("show", str(attempt_id), "--json"))["id"] == attempt_id
     assert "causal_conv1d" in cli("best")
     assert json.loads(cli("attempts", "--run", str(run_id), "--json"))["total"] >= 1
-    missing = subprocess.run([sys.executable, "-m", "tools.cli", "history", "runs", "--db", str(service.db) + ".absent"],
+    missing = subprocess.run([sys.executable, "-m", "kernelloop", "history", "runs", "--db", str(service.db) + ".absent"],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no database at" in missing.stderr
 
@@ -529,12 +529,12 @@ def test_without_a_token_changes_are_open_on_loopback_and_rate_limited(open_serv
 
 
 def test_serve_refuses_a_public_address_without_a_token(open_service: ServiceProcess) -> None:
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "serve", "--host", "0.0.0.0", "--port", "1"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "kernelloop", "serve", "--host", "0.0.0.0", "--port", "1"], cwd=REPO,
                          env=open_service.env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "refusing to listen on 0.0.0.0 without an API token" in out.stderr
 
 
 def test_serve_refuses_a_database_outside_the_data_folder(open_service: ServiceProcess, tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "serve", "--port", "1", "--db", str(tmp_path / "x.sqlite3")],
+    out = subprocess.run([sys.executable, "-m", "kernelloop", "serve", "--port", "1", "--db", str(tmp_path / "x.sqlite3")],
                          cwd=REPO, env=open_service.env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "outside the data folder" in out.stderr and not (tmp_path / "x.sqlite3").exists()

@@ -13,8 +13,8 @@ from server_fixtures import passed_benchmark, passed_test
 from sqlalchemy import inspect, text
 from sqlmodel import Session, SQLModel, select
 
-from storage import history, problems, queue
-from storage.database import (
+from kernelloop.storage import history, problems, queue
+from kernelloop.storage.database import (
     SchemaError,
     create_db_engine,
     database_url,
@@ -22,7 +22,7 @@ from storage.database import (
     ensure_schema,
     open_database,
 )
-from storage.models import (
+from kernelloop.storage.models import (
     SCHEMA_VERSION,
     Attempt,
     AttemptFilter,
@@ -38,8 +38,8 @@ from storage.models import (
     SubmissionRequest,
     utcnow,
 )
-from tools.jobs import EvalOptions
-from tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, ShapeCheck, Status, TestResult
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, ShapeCheck, Status, TestResult
 
 
 # Set KERNELLOOP_TEST_DATABASE_URL (e.g. postgresql+psycopg://kl@127.0.0.1:5432/kltest, an empty database the

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.templates import load_template, render_params
-from tools import EvalOptions, Status, compile_kernel, run_tests
+from kernelloop.agent.templates import load_template, render_params
+from kernelloop.tools import EvalOptions, Status, compile_kernel, run_tests
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "reference_problems" / "causal_conv1d" / "templates"
 # The small-shape variant is a point of tf32_wgmma's PARAM_SPACE: one consumer warpgroup, 64x64 tiles.

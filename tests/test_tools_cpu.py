@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from conftest import REPO, SUBMISSIONS, line_of
-from tools import api
-from tools.jobs import EvalOptions
-from tools.problems import import_problem_module, load_problem
-from tools.results import Status
+from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import import_problem_module, load_problem
+from kernelloop.tools.results import Status
 
 PROBLEM = "causal_conv1d"
 CPU_EXAMPLE = (REPO / "reference_problems/causal_conv1d/example_cpu.py").read_text()
@@ -458,7 +458,7 @@ class ModelNew(nn.Module):
 
 def _kernelloop(kl, *args: str) -> subprocess.CompletedProcess:
     script = Path(sys.executable).with_name("kernelloop")
-    argv = [str(script)] if script.exists() else [sys.executable, "-m", "tools.cli"]
+    argv = [str(script)] if script.exists() else [sys.executable, "-m", "kernelloop"]
     env = {**os.environ, "KERNELLOOP_DATA_DIR": str(kl.settings.data_dir)}
     return subprocess.run([*argv, *args], capture_output=True, text=True, env=env, cwd=kl.root, timeout=300)
 

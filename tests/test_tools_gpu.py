@@ -18,10 +18,10 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU is visible: the gpu tests run on the H200", allow_module_level=True)
 
 from conftest import REPO, SUBMISSIONS, candidate_source  # noqa: E402
-from tools import api, toolchain  # noqa: E402
-from tools.jobs import EvalOptions  # noqa: E402
-from tools.problems import import_problem_module, load_problem  # noqa: E402
-from tools.results import Status  # noqa: E402
+from kernelloop.tools import api, toolchain  # noqa: E402
+from kernelloop.tools.jobs import EvalOptions  # noqa: E402
+from kernelloop.tools.problems import import_problem_module, load_problem  # noqa: E402
+from kernelloop.tools.results import Status  # noqa: E402
 
 PROBLEM = "causal_conv1d"
 CUDA_EXAMPLE = (REPO / "reference_problems/causal_conv1d/example_cuda.py").read_text()

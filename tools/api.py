@@ -13,11 +13,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tools import build_cache, sandbox, toolchain
-from tools.jobs import EvalOptions, Phase, WorkerJob, WorkerReply
-from tools.problems import ProblemSpec, load_problem
-from tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, SandboxReport, Status, TestResult
-from tools.settings import Settings, get_settings
+from kernelloop.tools import build_cache, sandbox, toolchain
+from kernelloop.tools.jobs import EvalOptions, Phase, WorkerJob, WorkerReply
+from kernelloop.tools.problems import ProblemSpec, load_problem
+from kernelloop.tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, SandboxReport, Status, TestResult
+from kernelloop.tools.settings import Settings, get_settings
 
 RESULT_TYPES: dict[Phase, type[PhaseResult]] = {"compile": CompileResult, "test": TestResult, "benchmark": BenchmarkResult}
 Progress = Callable[[PhaseResult], None]

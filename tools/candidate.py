@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tools.problems import ShapeSpec
+from kernelloop.tools.problems import ShapeSpec
 
 SUBMISSION_MODULE = "submission"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from tools.results import Mismatch, ShapeCheck, Status
+from kernelloop.tools.results import Mismatch, ShapeCheck, Status
 
 
 def flatten_outputs(out: Any) -> list[torch.Tensor] | None:

@@ -14,7 +14,7 @@ import re
 import traceback
 from pathlib import Path
 
-from tools.results import Diagnostic
+from kernelloop.tools.results import Diagnostic
 
 MAX_DIAGNOSTICS = 50
 CONTEXT_LINES = 5  # non-blank lines compared on each side of the reported line

@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tools.problems import ProblemSpec
-from tools.results import Backend, PhaseResultAny
+from kernelloop.tools.problems import ProblemSpec
+from kernelloop.tools.results import Backend, PhaseResultAny
 
 Phase = Literal["compile", "test", "benchmark"]
 

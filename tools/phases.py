@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tools import build_cache, candidate, checking, devices, timing
-from tools.diagnostics import python_error_diagnostics
-from tools.jobs import WorkerJob
-from tools.problems import ShapeSpec, import_problem_module
-from tools.results import BenchmarkResult, CompileResult, ShapeBenchmark, ShapeCheck, Status, TestResult
+from kernelloop.tools import build_cache, candidate, checking, devices, timing
+from kernelloop.tools.diagnostics import python_error_diagnostics
+from kernelloop.tools.jobs import WorkerJob
+from kernelloop.tools.problems import ShapeSpec, import_problem_module
+from kernelloop.tools.results import BenchmarkResult, CompileResult, ShapeBenchmark, ShapeCheck, Status, TestResult
 
 Report = Callable[[Any], None]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}

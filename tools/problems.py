@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tools.results import Backend, TolerancePolicy
+from kernelloop.tools.results import Backend, TolerancePolicy
 
 PROBLEMS_DIR = Path(__file__).resolve().parent.parent / "reference_problems"
 

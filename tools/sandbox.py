@@ -24,10 +24,8 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
-from tools.results import Isolation, SandboxReport
-from tools.settings import Settings
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from kernelloop.tools.results import Isolation, SandboxReport
+from kernelloop.tools.settings import Settings
 
 # The only variables a worker inherits from the caller; secrets and service settings stay behind.
 ENV_ALLOWLIST = (
@@ -127,7 +125,6 @@ def worker_environment(extra: dict[str, str], job_dir: Path) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
     env.update(
         HOME=str(job_dir), TMPDIR=str(job_dir / "tmp"), PYTHONDONTWRITEBYTECODE="1",
-        PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]),
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)
@@ -143,9 +140,9 @@ def run_worker(
     timeout_s: float,
     settings: Settings,
     on_message: Callable[[bytes], None],
-    module: str = "tools.worker",
+    module: str = "kernelloop.tools.worker",
 ) -> SandboxReport:
-    """Start `python -m tools.worker` (or another worker `module`) isolated, feed it the job, wait at most `timeout_s`.
+    """Start `python -m kernelloop.tools.worker` (or another worker `module`) isolated, feed it the job, wait at most `timeout_s`.
 
     `writable` and the job folder (its HOME and TMPDIR) are the only paths it may write (under
     bubblewrap); the service's data folder is hidden from it. Returns how the process ended; messages went to `on_message`.

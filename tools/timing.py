@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from tools.results import Timing
+from kernelloop.tools.results import Timing
 
 Subject = Callable[[int], Any]  # called with the index of the input set to use; returns the output
 

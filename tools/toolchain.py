@@ -12,7 +12,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from tools.settings import Settings
+from kernelloop.tools.settings import Settings
 
 
 @lru_cache(maxsize=1)

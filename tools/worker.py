@@ -1,4 +1,4 @@
-"""Entry point of a sandboxed worker: `python -m tools.worker RESULT_FD`, the job as JSON on stdin.
+"""Entry point of a sandboxed worker: `python -m kernelloop.tools.worker RESULT_FD`, the job as JSON on stdin.
 
 It reads the whole job, then runs the phase, sending the result-so-far on the private pipe after each
 step and the final result last, each line tagged with the job's nonce. It leaves with os._exit so that
@@ -11,7 +11,7 @@ import os
 import sys
 import traceback
 
-from tools.jobs import WorkerJob, WorkerReply
+from kernelloop.tools.jobs import WorkerJob, WorkerReply
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
         channel.write(reply.model_dump_json() + "\n")
         channel.flush()
 
-    from tools.phases import PHASES  # imported after the job is read: torch takes seconds to load
+    from kernelloop.tools.phases import PHASES  # imported after the job is read: torch takes seconds to load
 
     try:
         result = PHASES[job.phase](job, send)

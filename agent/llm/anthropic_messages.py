@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.llm.transport import HttpLlmClient
-from agent.llm.types import ChatMessage, ChatReply, LlmFailure, TokenUsage, ToolCall, ToolDefinition
+from kernelloop.agent.llm.transport import HttpLlmClient
+from kernelloop.agent.llm.types import ChatMessage, ChatReply, LlmFailure, TokenUsage, ToolCall, ToolDefinition
 
 ANTHROPIC_VERSION = "2023-06-01"
 

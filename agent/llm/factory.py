@@ -11,11 +11,11 @@ import ipaddress
 import os
 from urllib.parse import urlparse
 
-from agent.llm.anthropic_messages import AnthropicMessagesClient
-from agent.llm.openai_chat import OpenAIChatClient
-from agent.llm.types import ChatClient, LlmFailure
-from agent.models import ApiStyle, LlmConfig
-from tools.settings import Settings
+from kernelloop.agent.llm.anthropic_messages import AnthropicMessagesClient
+from kernelloop.agent.llm.openai_chat import OpenAIChatClient
+from kernelloop.agent.llm.types import ChatClient, LlmFailure
+from kernelloop.agent.models import ApiStyle, LlmConfig
+from kernelloop.tools.settings import Settings
 
 DEFAULT_BASE_URL = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 ENV_BASE_URL = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.llm.transport import HttpLlmClient
-from agent.llm.types import ChatMessage, ChatReply, LlmFailure, TokenUsage, ToolCall, ToolDefinition
+from kernelloop.agent.llm.transport import HttpLlmClient
+from kernelloop.agent.llm.types import ChatMessage, ChatReply, LlmFailure, TokenUsage, ToolCall, ToolDefinition
 
 
 class OpenAIChatClient(HttpLlmClient):

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from agent.llm.types import LlmFailure
+from kernelloop.agent.llm.types import LlmFailure
 
 MAX_DELAY_S = 60.0
 

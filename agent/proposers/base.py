@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from agent.models import Outcome, Proposal, ProposerDone
+from kernelloop.agent.models import Outcome, Proposal, ProposerDone
 
 
 class LoopView(BaseModel):

@@ -17,13 +17,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agent.conversation import Conversation
-from agent.llm.types import ChatClient, ChatMessage, LlmFailure, TokenUsage, ToolCall, ToolDefinition
-from agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ToolName
-from agent.prompt import opening_message
-from agent.proposers.base import LoopView
-from agent.tool_summaries import digest_outcome, summarize_outcome
-from storage.models import ProblemDetail
+from kernelloop.agent.conversation import Conversation
+from kernelloop.agent.llm.types import ChatClient, ChatMessage, LlmFailure, TokenUsage, ToolCall, ToolDefinition
+from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ToolName
+from kernelloop.agent.prompt import opening_message
+from kernelloop.agent.proposers.base import LoopView
+from kernelloop.agent.tool_summaries import digest_outcome, summarize_outcome
+from kernelloop.storage.models import ProblemDetail
 
 TOOLS: dict[str, ToolName] = {"compile_kernel": "compile_kernel", "run_tests": "run_tests", "benchmark": "benchmark"}
 NO_TOOL_CALL = (

@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agent.models import Outcome, Proposal, ProposerDone, ToolName
-from agent.proposers.base import LoopView
+from kernelloop.agent.models import Outcome, Proposal, ProposerDone, ToolName
+from kernelloop.agent.proposers.base import LoopView
 
 TOOL_NAMES: dict[str, ToolName] = {
     "compile_kernel": "compile_kernel",

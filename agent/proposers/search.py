@@ -24,11 +24,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ShapeWinner, ToolName
-from agent.proposers.base import LoopView
-from agent.templates import BaselineKernel, KernelTemplate, Params, baseline_kernel, discover_templates, params_key
-from tools.jobs import EvalOptions
-from tools.results import BenchmarkResult
+from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ShapeWinner, ToolName
+from kernelloop.agent.proposers.base import LoopView
+from kernelloop.agent.templates import BaselineKernel, KernelTemplate, Params, baseline_kernel, discover_templates, params_key
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.results import BenchmarkResult
 
 ETA = 2  # successive halving: keep 1/ETA, time ETA x longer
 IMPROVEMENT_MARGIN = 1.03  # a climb step must beat the incumbent by 3%: CPU timings are noisy

@@ -2,7 +2,7 @@
 (cuDNN's fp32 path) and the tolerance is 1e-5 x max|truth|, which TF32 tensor-core kernels cannot meet.
 Same model, shapes and counts; only the precision policy differs."""
 
-from reference_problems.causal_conv1d.problem import (  # noqa: F401  (re-exported for the loader)
+from kernelloop.reference_problems.causal_conv1d.problem import (  # noqa: F401  (re-exported for the loader)
     FORBIDDEN_OPS,
     SHAPES,
     Model,

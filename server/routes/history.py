@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlmodel import Session
 
-from server.auth import MutationGuard
-from server.errors import ApiError
-from server.routes.deps import MAX_ID, AttemptId, RunId, ServiceDep, SessionDep
-from server.schemas import ErrorBody
-from storage import history
-from storage.models import (
+from kernelloop.server.auth import MutationGuard
+from kernelloop.server.errors import ApiError
+from kernelloop.server.routes.deps import MAX_ID, AttemptId, RunId, ServiceDep, SessionDep
+from kernelloop.server.schemas import ErrorBody
+from kernelloop.storage import history
+from kernelloop.storage.models import (
     Attempt,
     AttemptDetail,
     AttemptDiff,
@@ -26,7 +26,7 @@ from storage.models import (
     RunStatus,
     RunUpdate,
 )
-from tools.results import Backend
+from kernelloop.tools.results import Backend
 
 router = APIRouter(prefix="/v1", tags=["history"])
 

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 from sqlmodel import Session
 
-from server.routes.deps import MAX_ID, JobId, ServiceDep, SessionDep
-from server.schemas import ErrorBody
-from server.service import Service
-from storage import queue
-from storage.models import Job, JobEventPublic, JobPublic, JobStatus, Page
+from kernelloop.server.routes.deps import MAX_ID, JobId, ServiceDep, SessionDep
+from kernelloop.server.schemas import ErrorBody
+from kernelloop.server.service import Service
+from kernelloop.storage import queue
+from kernelloop.storage.models import Job, JobEventPublic, JobPublic, JobStatus, Page
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 

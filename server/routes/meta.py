@@ -11,15 +11,15 @@ from fastapi import APIRouter
 from sqlalchemy import text
 from sqlmodel import Session
 
-from server.devices import gpu_inventory
-from server.routes.deps import ServiceDep
-from server.schemas import DevicesReport, Health, LaneState, QueueDepth, ToolsCatalog
-from server.service import Service
-from server.tool_schemas import tool_definitions, tool_endpoints
-from storage import problems, queue
-from storage.database import describe_url
-from storage.models import SCHEMA_VERSION
-from tools.sandbox import available_isolation
+from kernelloop.server.devices import gpu_inventory
+from kernelloop.server.routes.deps import ServiceDep
+from kernelloop.server.schemas import DevicesReport, Health, LaneState, QueueDepth, ToolsCatalog
+from kernelloop.server.service import Service
+from kernelloop.server.tool_schemas import tool_definitions, tool_endpoints
+from kernelloop.storage import problems, queue
+from kernelloop.storage.database import describe_url
+from kernelloop.storage.models import SCHEMA_VERSION
+from kernelloop.tools.sandbox import available_isolation
 
 router = APIRouter(prefix="/v1", tags=["service"])
 

@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from server.auth import MutationGuard
-from server.routes.deps import ServiceDep
-from server.schemas import ErrorBody
-from storage.models import TERMINAL_JOB_STATUSES, JobPhase, JobPublic, SubmissionRequest
+from kernelloop.server.auth import MutationGuard
+from kernelloop.server.routes.deps import ServiceDep
+from kernelloop.server.schemas import ErrorBody
+from kernelloop.storage.models import TERMINAL_JOB_STATUSES, JobPhase, JobPublic, SubmissionRequest
 
 router = APIRouter(prefix="/v1", tags=["tools"])
 

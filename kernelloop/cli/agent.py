@@ -15,14 +15,14 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from agent.embedded import EmbeddedService, EmbeddedServiceError
-from agent.llm.factory import configured_model, resolve_llm_config
-from agent.llm.types import LlmFailure
-from agent.models import AgentRunConfig, RunSummary
-from agent.progress import Progress
-from agent.runner import RunRefused, resume_run, start_run
-from agent.service_client import ServiceClient
-from tools.settings import Settings
+from kernelloop.agent.embedded import EmbeddedService, EmbeddedServiceError
+from kernelloop.agent.llm.factory import configured_model, resolve_llm_config
+from kernelloop.agent.llm.types import LlmFailure
+from kernelloop.agent.models import AgentRunConfig, RunSummary
+from kernelloop.agent.progress import Progress
+from kernelloop.agent.runner import RunRefused, resume_run, start_run
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.tools.settings import Settings
 
 DEFAULT_ITERATIONS = 10
 

@@ -1,75 +1,30 @@
-"""`kernelloop serve` and `kernelloop history runs|run ID|attempts|show ID|best`.
+"""`kernelloop history runs|run ID|attempts|show ID|best`.
 
-`serve` runs the service with uvicorn. Without an API token it listens on loopback only, and says so.
-`history` reads the database directly (the same queries as the API), so it works with the service
-stopped; `--db` takes a file path or any SQLAlchemy URL.
+It reads the database directly (the same queries as the API), so it works with the service stopped;
+`--db` takes a file path or any SQLAlchemy URL.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from sqlmodel import Session
 
-from server.limits import is_loopback
-from storage import history, problems
-from storage.database import SchemaError, database_url, describe_url, open_database
-from storage.models import AttemptFilter, AttemptStatus, Run, RunPublic, RunStatus
-from tools.settings import Settings
+from kernelloop.cli.common import service_settings
+from kernelloop.storage import history, problems
+from kernelloop.storage.database import SchemaError, open_database
+from kernelloop.storage.models import AttemptFilter, AttemptStatus, Run, RunPublic, RunStatus
 
 T = TypeVar("T", bound=BaseModel)
 
 
-def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
-    overrides: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
-    if getattr(args, "data_dir", None):
-        overrides["data_dir"] = Path(args.data_dir)
-    if getattr(args, "db", None):
-        overrides["database_url"] = database_url(args.db)
-    return Settings(**overrides)
-
-
-# ------------------------------------------------------------------------------------------ serve
-
-def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from server.app import ConfigError, create_app
-
-    settings = _settings(args, host=args.host, port=args.port, cpu_workers=args.cpu_workers)
-    if settings.api_token is None and not is_loopback(settings.host):
-        print(f"kernelloop serve: refusing to listen on {settings.host} without an API token: set "
-              "KERNELLOOP_API_TOKEN (every state-changing call then needs it), or listen on 127.0.0.1", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        app = create_app(settings)
-    except (ConfigError, SchemaError) as exc:
-        print(f"kernelloop serve: {exc}", file=sys.stderr)
-        return 2
-    if settings.api_token is None:
-        print(f"kernelloop: no API token set (KERNELLOOP_API_TOKEN): state-changing calls are open, so the service "
-              f"listens on loopback only, http://{settings.host}:{settings.port}", flush=True)
-    else:
-        print(f"kernelloop: API token set: POST and PATCH need 'Authorization: Bearer <token>'; "
-              f"listening on http://{settings.host}:{settings.port}", flush=True)
-    print(f"kernelloop: database {describe_url(settings.resolved_database_url)}; data folder {settings.data_dir.resolve()}",
-          flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5)
-    return 0
-
-
-# ---------------------------------------------------------------------------------------- history
-
 def _open(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    return open_database(_settings(args).resolved_database_url, create=False)
+    return open_database(service_settings(args).resolved_database_url, create=False)
 
 
 def _print_json(value: BaseModel | list[BaseModel]) -> None:
@@ -231,14 +186,6 @@ def _guarded(handler):  # type: ignore[no-untyped-def]
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    serve = subparsers.add_parser("serve", help="run the HTTP service (tools API, job queue, history)")
-    serve.add_argument("--host", help="listen address (default 127.0.0.1; another needs KERNELLOOP_API_TOKEN)")
-    serve.add_argument("--port", type=int, help="default 8000")
-    serve.add_argument("--db", help="database: a SQLite file inside the data folder, or a SQLAlchemy URL")
-    serve.add_argument("--data-dir", help="data folder: database, build cache, job folders (default .kernelloop)")
-    serve.add_argument("--cpu-workers", type=int, help="parallel CPU jobs (default: one per core)")
-    serve.set_defaults(handler=_serve)
-
     hist = subparsers.add_parser("history", help="what was tried: runs, attempts, one attempt, the best")
     sub = hist.add_subparsers(dest="history_command", required=True)
 

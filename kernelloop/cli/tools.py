@@ -1,22 +1,18 @@
-"""`kernelloop`: the command line. `compile`, `test` and `bench` run the tools on a file; readable by
-default, `--json` for scripts. Other packages add their subcommands through `COMMAND_MODULES`."""
+"""`kernelloop compile|test|bench FILE` and `kernelloop demo`: the tools on a file, in this process's sandbox.
+
+Readable by default, `--json` for scripts. Exit status: 0 passed, 1 the submission failed, 2 bad arguments.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
 from pathlib import Path
 
-from tools.api import benchmark, compile_kernel, default_backend, run_tests
-from tools.jobs import EvalOptions
-from tools.problems import ProblemError, load_problem
-from tools.results import BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
-
-# Modules with `add_commands(subparsers)`; each is optional until its package exists.
-COMMAND_MODULES = ["server.cli", "agent.cli"]
-
+from kernelloop.tools.api import benchmark, compile_kernel, default_backend, run_tests
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import PROBLEMS_DIR, ProblemError, load_problem
+from kernelloop.tools.results import BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
 
 def _format_compile(result: CompileResult) -> list[str]:
     lines = [f"compile: {result.status.value}" + (f" ({result.message})" if result.message else "")]
@@ -100,7 +96,7 @@ def _run_tool(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     """Test and time the shipped example kernel for causal_conv1d on this machine's backend."""
     backend = args.backend or default_backend()
-    example = Path(__file__).resolve().parent.parent / "reference_problems" / "causal_conv1d" / f"example_{backend}.py"
+    example = PROBLEMS_DIR / "causal_conv1d" / f"example_{backend}.py"
     print(f"kernelloop demo: evaluating {example.name} against causal_conv1d on the {backend} backend")
     code = example.read_text()
     tested = run_tests("causal_conv1d", code, backend)
@@ -112,9 +108,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0 if timed.status == Status.passed else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kernelloop", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     for name, what in (("compile", "build and import a submission"), ("test", "check it against the reference"),
                        ("bench", "time it against the reference")):
         p = sub.add_parser(name, help=what)
@@ -131,25 +125,3 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="test and time the shipped example kernel (GPU if present, else CPU)")
     demo.add_argument("--backend", choices=["cuda", "cpu"])
     demo.set_defaults(handler=_run_demo)
-    for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue
-            raise
-        module.add_commands(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except BrokenPipeError:  # the reader left early (`kernelloop history attempts | head`): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush stays quiet
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

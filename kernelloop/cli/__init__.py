@@ -1,0 +1,32 @@
+"""`kernelloop`: the command line, one module per command group.
+
+`tools` (compile, test, bench, demo), `serve`, `history` and `agent`. This package sits above every
+other one and imports them plainly; nothing below imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from kernelloop.cli import agent, history, serve, tools
+
+COMMAND_GROUPS = (tools, serve, history, agent)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kernelloop", description="Build, test and time GPU kernels honestly.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in COMMAND_GROUPS:
+        group.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except BrokenPipeError:  # the reader left early (`kernelloop history attempts | head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush stays quiet
+        return 0

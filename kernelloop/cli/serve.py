@@ -1,0 +1,49 @@
+"""`kernelloop serve`: the service under uvicorn. Without an API token it listens on loopback only, and says so."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from kernelloop.cli.common import service_settings
+from kernelloop.server.limits import is_loopback
+from kernelloop.storage.database import SchemaError, describe_url
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from kernelloop.server.app import ConfigError, create_app
+
+    settings = service_settings(args, host=args.host, port=args.port, cpu_workers=args.cpu_workers)
+    if settings.api_token is None and not is_loopback(settings.host):
+        print(f"kernelloop serve: refusing to listen on {settings.host} without an API token: set "
+              "KERNELLOOP_API_TOKEN (every state-changing call then needs it), or listen on 127.0.0.1", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = create_app(settings)
+    except (ConfigError, SchemaError) as exc:
+        print(f"kernelloop serve: {exc}", file=sys.stderr)
+        return 2
+    if settings.api_token is None:
+        print(f"kernelloop: no API token set (KERNELLOOP_API_TOKEN): state-changing calls are open, so the service "
+              f"listens on loopback only, http://{settings.host}:{settings.port}", flush=True)
+    else:
+        print(f"kernelloop: API token set: POST and PATCH need 'Authorization: Bearer <token>'; "
+              f"listening on http://{settings.host}:{settings.port}", flush=True)
+    print(f"kernelloop: database {describe_url(settings.resolved_database_url)}; data folder {settings.data_dir.resolve()}",
+          flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5)
+    return 0
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    serve = subparsers.add_parser("serve", help="run the HTTP service (tools API, job queue, history)")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1; another needs KERNELLOOP_API_TOKEN)")
+    serve.add_argument("--port", type=int, help="default 8000")
+    serve.add_argument("--db", help="database: a SQLite file inside the data folder, or a SQLAlchemy URL")
+    serve.add_argument("--data-dir", help="data folder: database, build cache, job folders (default .kernelloop)")
+    serve.add_argument("--cpu-workers", type=int, help="parallel CPU jobs (default: one per core)")
+    serve.set_defaults(handler=_serve)
