@@ -31,7 +31,7 @@ from kernelloop.agent.models import (
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.proposers.base import LoopView, Proposer
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
-from kernelloop.storage.models import AttemptSummary, JobEventPublic, RunStatus, RunUpdate, SubmissionRequest
+from kernelloop.contract import AttemptSummary, JobEventPublic, RunStatus, RunUpdate, SubmissionRequest
 
 REGRESSION_MARGIN = 0.97  # slower than 97% of the best counts as a regression
 FATAL_SERVICE_FAILURES = {"unreachable", "timeout", "server_error", "bad_response"}

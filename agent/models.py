@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from kernelloop.agent.templates import Params
-from kernelloop.storage.models import JobPublic, JobStatus
+from kernelloop.contract import JobPublic, JobStatus
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.results import Backend, PhaseResultAny, Status
 

@@ -12,7 +12,7 @@ import time
 from typing import TextIO
 
 from kernelloop.agent.models import Outcome, Proposal, RunSummary
-from kernelloop.storage.models import JobEventPublic
+from kernelloop.contract import JobEventPublic
 
 
 def _speed(value: float | None) -> str:

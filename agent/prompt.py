@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from kernelloop.server.schemas import DevicesReport
-from kernelloop.storage.models import ProblemDetail
+from kernelloop.contract import DevicesReport, ProblemDetail
 from kernelloop.tools.devices import DATASHEET
 from kernelloop.tools.results import Backend
 

@@ -23,8 +23,7 @@ from kernelloop.agent.proposers.llm import LlmProposer
 from kernelloop.agent.proposers.replay import ReplayProposer, TranscriptError
 from kernelloop.agent.proposers.search import SearchProposer
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
-from kernelloop.server.schemas import Health
-from kernelloop.storage.models import ProblemCreate, ProblemDetail, RunCreate, RunPublic, RunStatus, RunUpdate
+from kernelloop.contract import Health, ProblemCreate, ProblemDetail, RunCreate, RunPublic, RunStatus, RunUpdate
 from kernelloop.tools.settings import Settings
 
 

@@ -16,11 +16,12 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from kernelloop.agent.models import TOOL_ENDPOINTS, ToolName
-from kernelloop.server.schemas import DevicesReport, Health, ToolsCatalog
-from kernelloop.storage.models import (
+from kernelloop.contract import (
     TERMINAL_JOB_STATUSES,
     AttemptDetail,
     AttemptSummary,
+    DevicesReport,
+    Health,
     JobEventPublic,
     JobPublic,
     Page,
@@ -30,6 +31,7 @@ from kernelloop.storage.models import (
     RunPublic,
     RunUpdate,
     SubmissionRequest,
+    ToolsCatalog,
 )
 
 T = TypeVar("T")

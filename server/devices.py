@@ -6,20 +6,10 @@ import os
 import shutil
 import subprocess
 
-from pydantic import BaseModel
-
+from kernelloop.contract import GpuInfo
 from kernelloop.tools.settings import Settings
 
 QUERY = "index,uuid,name,memory.total,memory.used,utilization.gpu"
-
-
-class GpuInfo(BaseModel):
-    index: int
-    uuid: str
-    name: str
-    memory_total_mib: int | None = None
-    memory_used_mib: int | None = None
-    utilization_percent: int | None = None
 
 
 def _number(text: str) -> int | None:

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kernelloop.server.schemas import ErrorBody, FieldError
+from kernelloop.contract import ErrorBody, FieldError
 
 log = logging.getLogger("kernelloop.server")
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kernelloop.contract import ErrorBody
 from kernelloop.server.errors import error_response
-from kernelloop.server.schemas import ErrorBody
 
 MUTATING_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 

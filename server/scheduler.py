@@ -13,10 +13,11 @@ import threading
 from sqlalchemy import Engine
 from sqlmodel import Session
 
+from kernelloop.contract import JobStatus
 from kernelloop.server.events import EventHub
 from kernelloop.server.executor import Executor, Lane, StepRequest
 from kernelloop.storage import queue
-from kernelloop.storage.models import JobStatus, utcnow
+from kernelloop.storage.models import utcnow
 from kernelloop.tools.results import PhaseResult
 
 log = logging.getLogger("kernelloop.scheduler")

@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
+from kernelloop.contract import TERMINAL_JOB_STATUSES, JobPublic, ProblemCreate, ProblemDetail, SubmissionRequest
 from kernelloop.server.errors import ApiError
 from kernelloop.server.events import EventHub
 from kernelloop.server.executor import Executor
@@ -22,19 +23,9 @@ from kernelloop.server.limits import RateLimiter
 from kernelloop.server.problem_check import ProblemRejected, check_problem
 from kernelloop.server.scheduler import Scheduler
 from kernelloop.storage import history, problems, queue
-from kernelloop.storage.models import (
-    TERMINAL_JOB_STATUSES,
-    Attempt,
-    Job,
-    JobPhase,
-    JobPublic,
-    Problem,
-    ProblemCreate,
-    ProblemDetail,
-    Run,
-    SubmissionRequest,
-)
+from kernelloop.storage.models import Attempt, Job, Problem, Run
 from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.phase_registry import JobPhase
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import Backend
 from kernelloop.tools.settings import Settings

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from kernelloop.storage.models import KernelSubmission
+from kernelloop.contract import KernelSubmission
 from kernelloop.tools.jobs import EvalOptions
 
 TOOLS: list[tuple[str, str, str]] = [

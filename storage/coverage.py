@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernelloop.storage.models import Coverage
+from kernelloop.contract import Coverage
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import BenchmarkResult, PhaseResult, Status, TestResult

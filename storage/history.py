@@ -17,31 +17,33 @@ from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from kernelloop.storage.coverage import Counted, counted
-from kernelloop.storage.models import (
-    Attempt,
+from kernelloop.contract import (
     AttemptDetail,
     AttemptDiff,
     AttemptFilter,
     AttemptSummary,
-    CodeBlob,
-    Evaluation,
     EvaluationPublic,
-    Job,
     LeaderboardEntry,
     Page,
-    Problem,
-    Run,
     RunCreate,
     RunPublic,
     RunStatus,
     RunUpdate,
     SubmissionRequest,
-    utcnow,
 )
+from kernelloop.storage.coverage import Counted, counted
+from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, Problem, Run, utcnow
 from kernelloop.storage.problems import spec_of
 from kernelloop.tools.problems import ProblemSpec
-from kernelloop.tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, PhaseResultAny, Status, TestResult
+from kernelloop.tools.results import (
+    Backend,
+    BenchmarkResult,
+    CompileResult,
+    PhaseResult,
+    PhaseResultAny,
+    Status,
+    TestResult,
+)
 
 RESULT_ADAPTER: TypeAdapter[PhaseResult] = TypeAdapter(PhaseResultAny)
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from sqlmodel import Session, select
 
-from kernelloop.storage.models import Problem, ProblemDetail, ProblemSummary, utcnow
+from kernelloop.contract import ProblemDetail, ProblemSummary
+from kernelloop.storage.models import Problem, utcnow
 from kernelloop.tools.problems import ProblemSpec, load_problem, shipped_problem_names
 
 log = logging.getLogger("kernelloop.storage")

@@ -16,25 +16,13 @@ from datetime import datetime
 from sqlalchemy import Engine, func, update
 from sqlmodel import Session, col, select
 
+from kernelloop.contract import JobLinks, JobPublic, JobStatus, LaneKind
 from kernelloop.storage.coverage import counted
 from kernelloop.storage.history import parse_result, record_evaluation
-from kernelloop.storage.models import (
-    Attempt,
-    CodeBlob,
-    Evaluation,
-    Job,
-    JobEvent,
-    JobLinks,
-    JobPhase,
-    JobPublic,
-    JobStatus,
-    LaneKind,
-    Phase,
-    Problem,
-    utcnow,
-)
+from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, JobEvent, Problem, utcnow
 from kernelloop.storage.problems import spec_of
 from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.phase_registry import JobPhase, Phase
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
 

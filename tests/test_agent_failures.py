@@ -30,9 +30,10 @@ from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, start_run
 from kernelloop.agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from kernelloop.agent.service_client import ServiceClient
+from kernelloop.contract import AttemptFilter
 from kernelloop.storage import history
 from kernelloop.storage.database import open_database
-from kernelloop.storage.models import AttemptFilter, Run
+from kernelloop.storage.models import Run
 from kernelloop.tools.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent

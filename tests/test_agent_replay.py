@@ -16,9 +16,10 @@ from pathlib import Path
 from sqlmodel import Session
 
 from kernelloop.agent.proposers.replay import parse_transcript
+from kernelloop.contract import AttemptFilter
 from kernelloop.storage import history
 from kernelloop.storage.database import open_database
-from kernelloop.storage.models import AttemptFilter, Run
+from kernelloop.storage.models import Run
 from kernelloop.tools.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent

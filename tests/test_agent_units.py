@@ -23,7 +23,7 @@ from kernelloop.agent.proposers.replay import TranscriptError, parse_transcript
 from kernelloop.agent.proposers.search import SearchProposer
 from kernelloop.agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from kernelloop.agent.templates import KernelTemplate, TemplateError, discover_templates, load_template, render_params
-from kernelloop.storage.models import JobPublic
+from kernelloop.contract import JobPublic
 from kernelloop.tools.results import BenchmarkResult, ShapeBenchmark, Status, TestResult
 from kernelloop.tools.settings import Settings
 

@@ -29,9 +29,10 @@ from server_fixtures import (
 )
 from sqlmodel import Session
 
+from kernelloop.contract import RunCreate
 from kernelloop.storage import history, problems
 from kernelloop.storage.database import database_url, open_database
-from kernelloop.storage.models import SCHEMA_VERSION, Attempt, RunCreate, utcnow
+from kernelloop.storage.models import SCHEMA_VERSION, Attempt, utcnow
 from kernelloop.tools.results import CompileResult, Status, TestResult
 from kernelloop.tools.toolchain import gpu_arch
 

@@ -13,6 +13,15 @@ from server_fixtures import passed_benchmark, passed_test
 from sqlalchemy import inspect, text
 from sqlmodel import Session, SQLModel, select
 
+from kernelloop.contract import (
+    AttemptFilter,
+    AttemptStatus,
+    JobStatus,
+    RunCreate,
+    RunStatus,
+    RunUpdate,
+    SubmissionRequest,
+)
 from kernelloop.storage import history, problems, queue
 from kernelloop.storage.database import (
     SchemaError,
@@ -22,25 +31,17 @@ from kernelloop.storage.database import (
     ensure_schema,
     open_database,
 )
-from kernelloop.storage.models import (
-    SCHEMA_VERSION,
-    Attempt,
-    AttemptFilter,
-    AttemptStatus,
-    CodeBlob,
-    Job,
-    JobEvent,
-    JobStatus,
-    RunCreate,
-    RunStatus,
-    RunUpdate,
-    SchemaInfo,
-    SubmissionRequest,
-    utcnow,
-)
+from kernelloop.storage.models import SCHEMA_VERSION, Attempt, CodeBlob, Job, JobEvent, SchemaInfo, utcnow
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, ShapeCheck, Status, TestResult
-
+from kernelloop.tools.results import (
+    Backend,
+    BenchmarkResult,
+    CompileResult,
+    PhaseResult,
+    ShapeCheck,
+    Status,
+    TestResult,
+)
 
 # Set KERNELLOOP_TEST_DATABASE_URL (e.g. postgresql+psycopg://kl@127.0.0.1:5432/kltest, an empty database the
 # tests may wipe) to run the history and queue tests on that database too.

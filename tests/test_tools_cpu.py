@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, SUBMISSIONS, line_of
+
 from kernelloop.tools import api
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import import_problem_module, load_problem

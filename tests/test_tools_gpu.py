@@ -18,8 +18,9 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU is visible: the gpu tests run on the H200", allow_module_level=True)
 
 from conftest import REPO, SUBMISSIONS, candidate_source  # noqa: E402
+
 from kernelloop.tools import api, toolchain  # noqa: E402
-from kernelloop.tools.jobs import EvalOptions  # noqa: E402
+from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import import_problem_module, load_problem  # noqa: E402
 from kernelloop.tools.results import Status  # noqa: E402
 

@@ -14,9 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernelloop.tools import build_cache, sandbox, toolchain
-from kernelloop.tools.jobs import EvalOptions, Phase, WorkerJob, WorkerReply
+from kernelloop.tools.jobs import EvalOptions, WorkerJob, WorkerReply
+from kernelloop.tools.phase_registry import Phase
 from kernelloop.tools.problems import ProblemSpec, load_problem
-from kernelloop.tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, SandboxReport, Status, TestResult
+from kernelloop.tools.results import (
+    Backend,
+    BenchmarkResult,
+    CompileResult,
+    PhaseResult,
+    SandboxReport,
+    Status,
+    TestResult,
+)
 from kernelloop.tools.settings import Settings, get_settings
 
 RESULT_TYPES: dict[Phase, type[PhaseResult]] = {"compile": CompileResult, "test": TestResult, "benchmark": BenchmarkResult}

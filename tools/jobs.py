@@ -6,14 +6,11 @@ The caller writes one `WorkerJob` as JSON to the worker's stdin; the worker answ
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernelloop.tools.phase_registry import Phase
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import Backend, PhaseResultAny
-
-Phase = Literal["compile", "test", "benchmark"]
 
 
 class EvalOptions(BaseModel):

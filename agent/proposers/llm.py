@@ -23,7 +23,7 @@ from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerD
 from kernelloop.agent.prompt import opening_message
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.tool_summaries import digest_outcome, summarize_outcome
-from kernelloop.storage.models import ProblemDetail
+from kernelloop.contract import ProblemDetail
 
 TOOLS: dict[str, ToolName] = {"compile_kernel": "compile_kernel", "run_tests": "run_tests", "benchmark": "benchmark"}
 NO_TOOL_CALL = (

@@ -26,7 +26,14 @@ from pydantic import BaseModel, Field
 
 from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ShapeWinner, ToolName
 from kernelloop.agent.proposers.base import LoopView
-from kernelloop.agent.templates import BaselineKernel, KernelTemplate, Params, baseline_kernel, discover_templates, params_key
+from kernelloop.agent.templates import (
+    BaselineKernel,
+    KernelTemplate,
+    Params,
+    baseline_kernel,
+    discover_templates,
+    params_key,
+)
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.results import BenchmarkResult
 

@@ -16,9 +16,10 @@ from pydantic import BaseModel
 from sqlmodel import Session
 
 from kernelloop.cli.common import service_settings
+from kernelloop.contract import AttemptFilter, AttemptStatus, RunPublic, RunStatus
 from kernelloop.storage import history, problems
 from kernelloop.storage.database import SchemaError, open_database
-from kernelloop.storage.models import AttemptFilter, AttemptStatus, Run, RunPublic, RunStatus
+from kernelloop.storage.models import Run
 
 T = TypeVar("T", bound=BaseModel)
 

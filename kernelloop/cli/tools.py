@@ -14,6 +14,7 @@ from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import PROBLEMS_DIR, ProblemError, load_problem
 from kernelloop.tools.results import BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
 
+
 def _format_compile(result: CompileResult) -> list[str]:
     lines = [f"compile: {result.status.value}" + (f" ({result.message})" if result.message else "")]
     if result.build_seconds is not None:

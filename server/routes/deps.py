@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from sqlmodel import Session
 
+from kernelloop.contract import MAX_ID
 from kernelloop.server.service import Service
-from kernelloop.storage.models import MAX_ID
 
 
 def get_service(request: Request) -> Service:

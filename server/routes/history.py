@@ -7,25 +7,24 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlmodel import Session
 
-from kernelloop.server.auth import MutationGuard
-from kernelloop.server.errors import ApiError
-from kernelloop.server.routes.deps import MAX_ID, AttemptId, RunId, ServiceDep, SessionDep
-from kernelloop.server.schemas import ErrorBody
-from kernelloop.storage import history
-from kernelloop.storage.models import (
-    Attempt,
+from kernelloop.contract import (
     AttemptDetail,
     AttemptDiff,
     AttemptFilter,
     AttemptSummary,
+    ErrorBody,
     LeaderboardEntry,
     Page,
-    Run,
     RunCreate,
     RunPublic,
     RunStatus,
     RunUpdate,
 )
+from kernelloop.server.auth import MutationGuard
+from kernelloop.server.errors import ApiError
+from kernelloop.server.routes.deps import MAX_ID, AttemptId, RunId, ServiceDep, SessionDep
+from kernelloop.storage import history
+from kernelloop.storage.models import Attempt, Run
 from kernelloop.tools.results import Backend
 
 router = APIRouter(prefix="/v1", tags=["history"])

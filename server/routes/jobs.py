@@ -10,11 +10,11 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 from sqlmodel import Session
 
+from kernelloop.contract import ErrorBody, JobEventPublic, JobPublic, JobStatus, Page
 from kernelloop.server.routes.deps import MAX_ID, JobId, ServiceDep, SessionDep
-from kernelloop.server.schemas import ErrorBody
 from kernelloop.server.service import Service
 from kernelloop.storage import queue
-from kernelloop.storage.models import Job, JobEventPublic, JobPublic, JobStatus, Page
+from kernelloop.storage.models import Job
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 

@@ -11,9 +11,9 @@ from fastapi import APIRouter
 from sqlalchemy import text
 from sqlmodel import Session
 
+from kernelloop.contract import DevicesReport, Health, LaneState, QueueDepth, ToolsCatalog
 from kernelloop.server.devices import gpu_inventory
 from kernelloop.server.routes.deps import ServiceDep
-from kernelloop.server.schemas import DevicesReport, Health, LaneState, QueueDepth, ToolsCatalog
 from kernelloop.server.service import Service
 from kernelloop.server.tool_schemas import tool_definitions, tool_endpoints
 from kernelloop.storage import problems, queue

@@ -7,11 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
+from kernelloop.contract import ErrorBody, LeaderboardEntry, ProblemCreate, ProblemDetail, ProblemSummary
 from kernelloop.server.auth import MutationGuard
 from kernelloop.server.routes.deps import ServiceDep, SessionDep
-from kernelloop.server.schemas import ErrorBody
 from kernelloop.storage import history, problems
-from kernelloop.storage.models import LeaderboardEntry, ProblemCreate, ProblemDetail, ProblemSummary
 from kernelloop.tools.results import Backend
 
 router = APIRouter(prefix="/v1", tags=["problems"])

@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
+from kernelloop.contract import TERMINAL_JOB_STATUSES, ErrorBody, JobPublic, SubmissionRequest
 from kernelloop.server.auth import MutationGuard
 from kernelloop.server.routes.deps import ServiceDep
-from kernelloop.server.schemas import ErrorBody
-from kernelloop.storage.models import TERMINAL_JOB_STATUSES, JobPhase, JobPublic, SubmissionRequest
+from kernelloop.tools.phase_registry import JobPhase
 
 router = APIRouter(prefix="/v1", tags=["tools"])
 

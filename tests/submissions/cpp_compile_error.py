@@ -1,6 +1,5 @@
 """A C++ candidate with one deliberate compile error (an undeclared identifier), built by load_inline."""
 
-import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
