@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test
+.PHONY: run test check
 
 $(BIN)/.kernelloop-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,3 +17,9 @@ run: $(BIN)/.kernelloop-installed
 
 test: $(BIN)/.kernelloop-installed
 	$(BIN)/python -m pytest -q
+
+# The quality gate CI runs before the tests: lint, formatting and types.
+check: $(BIN)/.kernelloop-installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy

@@ -11,10 +11,14 @@ import logging
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from kernelloop.tools.settings import Settings
+from kernelloop.server.settings import ServiceSettings
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 class EmbeddedServiceError(RuntimeError):
@@ -30,9 +34,9 @@ class EmbeddedServiceInfo(BaseModel):
 class EmbeddedService:
     """`with EmbeddedService(settings) as service: service.url` — stopped (jobs re-queued) on exit."""
 
-    def __init__(self, settings: Settings, *, start_timeout_s: float = 60.0, log_level: str = "warning"):
+    def __init__(self, settings: ServiceSettings, *, start_timeout_s: float = 60.0, log_level: str = "warning"):
         self.settings, self.start_timeout_s, self.log_level = settings, start_timeout_s, log_level
-        self._server = None
+        self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.info: EmbeddedServiceInfo | None = None
 

@@ -14,19 +14,11 @@ from pydantic import BaseModel, Field
 from kernelloop.agent.templates import Params
 from kernelloop.contract import JobPublic, JobStatus
 from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.phase_registry import ToolName
 from kernelloop.tools.results import Backend, PhaseResultAny, Status
 
-ToolName = Literal["compile_kernel", "run_tests", "benchmark", "evaluate"]
 ProposerName = Literal["llm", "search", "replay"]
 ApiStyle = Literal["openai", "anthropic"]
-
-TOOL_ENDPOINTS: dict[str, str] = {
-    "compile_kernel": "/v1/compile",
-    "run_tests": "/v1/test",
-    "benchmark": "/v1/benchmark",
-    "evaluate": "/v1/evaluate",
-}
-
 
 class LlmConfig(BaseModel):
     """Where the language model is and how to talk to it. The key itself is never stored, only where it comes from."""
@@ -64,6 +56,13 @@ class AgentRunConfig(BaseModel):
         3, ge=1, description="llm: regressions in a row before the conversation restarts from the best"
     )
     output: str | None = Field(None, description="where the best kernel is written; default: inside the data folder")
+
+    @property
+    def chosen_backend(self) -> Backend:
+        """The backend, once the runner has settled it (the service's default where none was asked for)."""
+        if self.backend is None:
+            raise ValueError("the run's backend is not settled: the runner sets it before any proposer starts")
+        return self.backend
 
 
 class Proposal(BaseModel):

@@ -81,7 +81,7 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str) -> str:
     bench = [s for s in shapes_for_backend if s.benchmark]
     correct = [s for s in shapes_for_backend if s.correctness]
 
-    def shape_line(s) -> str:  # type: ignore[no-untyped-def]
+    def shape_line(s) -> str:
         return f"  - {s.name}: Model(*{s.init_inputs}), inputs {s.input_shapes}"
 
     forbidden = ", ".join(problem.forbidden_ops) or "none listed"

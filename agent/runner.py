@@ -23,8 +23,8 @@ from kernelloop.agent.proposers.llm import LlmProposer
 from kernelloop.agent.proposers.replay import ReplayProposer, TranscriptError
 from kernelloop.agent.proposers.search import SearchProposer
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
+from kernelloop.agent.settings import AgentSettings
 from kernelloop.contract import Health, ProblemCreate, ProblemDetail, RunCreate, RunPublic, RunStatus, RunUpdate
-from kernelloop.tools.settings import Settings
 
 
 class RunRefused(BaseModel):
@@ -33,11 +33,11 @@ class RunRefused(BaseModel):
     message: str
 
 
-def runs_dir(settings: Settings, run_id: int) -> Path:
+def runs_dir(settings: AgentSettings, run_id: int) -> Path:
     return settings.data_dir.resolve() / "runs" / f"run-{run_id}"
 
 
-def best_kernel_path(config: AgentRunConfig, settings: Settings, run_id: int) -> Path:
+def best_kernel_path(config: AgentRunConfig, settings: AgentSettings, run_id: int) -> Path:
     if config.output:
         return Path(config.output)
     return runs_dir(settings, run_id) / f"best_{config.problem}_{config.backend}.py"
@@ -80,7 +80,7 @@ async def build_proposer(
     config: AgentRunConfig,
     client: ServiceClient,
     problem: ProblemDetail,
-    settings: Settings,
+    settings: AgentSettings,
     run_id: int | None,
     service_is_local: bool,
     state: dict | None = None,
@@ -93,7 +93,7 @@ async def build_proposer(
     if config.proposer == "replay":
         if not config.transcript:
             return RunRefused(
-                message="the replay proposer needs --transcript PATH (e.g. shared/seed/agent_transcript.txt)"
+                message="the replay proposer needs --transcript PATH (e.g. agent/transcripts/seed_causal_conv1d.txt)"
             )
         try:
             return ReplayProposer(config.transcript, state=state)
@@ -124,7 +124,7 @@ async def build_proposer(
 
 
 async def start_run(
-    config: AgentRunConfig, client: ServiceClient, settings: Settings, progress: Progress, *, service_is_local: bool
+    config: AgentRunConfig, client: ServiceClient, settings: AgentSettings, progress: Progress, *, service_is_local: bool
 ) -> RunSummary | RunRefused:
     health = await _check_service(client)
     if isinstance(health, RunRefused):
@@ -175,7 +175,7 @@ async def start_run(
 async def resume_run(
     run_id: int,
     client: ServiceClient,
-    settings: Settings,
+    settings: AgentSettings,
     progress: Progress,
     *,
     service_is_local: bool,
@@ -203,7 +203,7 @@ async def resume_run(
             "start a new run instead"
         )
     memory = LoopMemory.model_validate(run.meta.get("agent", {}))
-    updates = {}
+    updates: dict[str, float] = {}
     if iterations is not None:
         updates["iterations"] = memory.steps + iterations
     if time_budget_s is not None:
@@ -248,7 +248,7 @@ async def _loop(
     client: ServiceClient,
     proposer: Proposer,
     run: RunPublic,
-    settings: Settings,
+    settings: AgentSettings,
     progress: Progress,
     memory: LoopMemory,
     history: list,

@@ -15,7 +15,8 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from kernelloop.agent.models import TOOL_ENDPOINTS, ToolName
+from kernelloop.agent.models import ToolName
+from kernelloop.agent.retrying import RetryPolicy, send_with_retries
 from kernelloop.contract import (
     TERMINAL_JOB_STATUSES,
     AttemptDetail,
@@ -33,6 +34,7 @@ from kernelloop.contract import (
     SubmissionRequest,
     ToolsCatalog,
 )
+from kernelloop.tools.phase_registry import TOOLS
 
 T = TypeVar("T")
 EventWatcher = Callable[[JobEventPublic], Awaitable[None] | None]
@@ -66,7 +68,8 @@ class ServiceClient:
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=request_timeout_s)
-        self.retries, self.poll_s = retries, poll_s
+        self.retry_policy = RetryPolicy(retries=retries, base_delay_s=0.5, max_backoff_s=8.0)
+        self.poll_s = poll_s
 
     async def __aenter__(self) -> ServiceClient:
         return self
@@ -79,57 +82,44 @@ class ServiceClient:
 
     # ------------------------------------------------------------------------------------- transport
     async def _call(
-        self, method: str, path: str, answer: Any, *, json: Any = None, params: dict[str, Any] | None = None
+        self, method: str, path: str, answer_type: Any, *, json: Any = None, params: dict[str, Any] | None = None
     ) -> Any:
         """Send one request (retrying dropped connections, 429 and 5xx) and parse the answer into `answer`."""
-        failure: ServiceFailure | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
-            try:
-                response = await self._http.request(method, path, json=json, params=params)
-            except httpx.TimeoutException as exc:
-                failure = ServiceFailure(
-                    kind="timeout",
-                    message=f"{method} {self.base_url}{path} timed out ({type(exc).__name__})",
-                    fix="the service is overloaded or hung: check its log, then resume the run",
-                )
-                continue
-            except httpx.TransportError as exc:
-                failure = ServiceFailure(
-                    kind="unreachable",
-                    message=f"the service at {self.base_url} did not answer "
-                    f"{method} {path}: {type(exc).__name__}: {exc}".rstrip(": "),
-                    fix="start it (kernelloop serve) or leave out --server to run one embedded; "
-                    "then `kernelloop agent resume RUN_ID` continues the run",
-                )
-                continue
-            if response.status_code == 429:
-                wait = _retry_after(response, default=5.0)
-                failure = _rejected(response)
-                await asyncio.sleep(min(wait, 60.0))
-                continue
-            if response.status_code >= 500:
-                failure = ServiceFailure(
-                    kind="server_error",
-                    status_code=response.status_code,
-                    message=f"the service failed on {method} {path} ({response.status_code}): {response.text[:300]}",
-                    fix="a bug or an outage in the service: see its log; resume the run once it is fixed",
-                )
-                continue
-            if response.status_code >= 400:
-                return _rejected(response)
-            try:
-                return TypeAdapter(answer).validate_json(response.content)
-            except ValidationError as exc:
-                return ServiceFailure(
-                    kind="bad_response",
-                    status_code=response.status_code,
-                    message=f"{method} {path} answered something this agent cannot read: {exc.errors()[:1]}",
-                    fix="the agent and the service are different versions: update both",
-                )
-        assert failure is not None
-        return failure
+        answer = await send_with_retries(lambda: self._http.request(method, path, json=json, params=params),
+                                         self.retry_policy)
+        response = answer.response
+        if isinstance(answer.error, httpx.TimeoutException):
+            return ServiceFailure(
+                kind="timeout",
+                message=f"{method} {self.base_url}{path} timed out ({type(answer.error).__name__})",
+                fix="the service is overloaded or hung: check its log, then resume the run",
+            )
+        if answer.error is not None or response is None:
+            return ServiceFailure(
+                kind="unreachable",
+                message=f"the service at {self.base_url} did not answer "
+                f"{method} {path}: {type(answer.error).__name__}: {answer.error}".rstrip(": "),
+                fix="start it (kernelloop serve) or leave out --server to run one embedded; "
+                "then `kernelloop agent resume RUN_ID` continues the run",
+            )
+        if response.status_code >= 500:
+            return ServiceFailure(
+                kind="server_error",
+                status_code=response.status_code,
+                message=f"the service failed on {method} {path} ({response.status_code}): {response.text[:300]}",
+                fix="a bug or an outage in the service: see its log; resume the run once it is fixed",
+            )
+        if response.status_code >= 400:
+            return _rejected(response)
+        try:
+            return TypeAdapter(answer_type).validate_json(response.content)
+        except ValidationError as exc:
+            return ServiceFailure(
+                kind="bad_response",
+                status_code=response.status_code,
+                message=f"{method} {path} answered something this agent cannot read: {exc.errors()[:1]}",
+                fix="the agent and the service are different versions: update both",
+            )
 
     # ---------------------------------------------------------------------------------------- reads
     async def health(self) -> Health | ServiceFailure:
@@ -195,7 +185,7 @@ class ServiceClient:
         Where the stream cannot be followed (a proxy that buffers it, a dropped connection), the job is polled."""
         job = await self._call(
             "POST",
-            TOOL_ENDPOINTS[tool],
+            TOOLS[tool].endpoint,
             JobPublic,
             json=request.model_dump(mode="json", exclude_none=True),
             params={"wait": "false"},
@@ -264,13 +254,6 @@ async def _notify(watcher: EventWatcher | None, event: JobEventPublic) -> None:
         maybe = watcher(event)
         if maybe is not None:
             await maybe
-
-
-def _retry_after(response: httpx.Response, default: float) -> float:
-    try:
-        return max(0.0, float(response.headers.get("Retry-After", default)))
-    except ValueError:
-        return default
 
 
 def _rejected(response: httpx.Response) -> ServiceFailure:

@@ -8,7 +8,7 @@ outcomes stand in for older turns once the conversation is compacted.
 from __future__ import annotations
 
 from kernelloop.agent.models import Outcome
-from kernelloop.tools.results import BenchmarkResult, CompileResult, Diagnostic, PhaseResult, TestResult
+from kernelloop.tools.results import BenchmarkResult, CompileResult, Diagnostic, PhaseResult, TestResult, compile_part
 
 MAX_DIAGNOSTICS = 8
 MAX_FAILED_CHECKS = 6
@@ -55,7 +55,7 @@ def summarize_compile(result: CompileResult, code: str) -> list[str]:
 
 
 def summarize_test(result: TestResult) -> list[str]:
-    lines = []
+    lines: list[str] = []
     if result.compile is not None and not result.compile.ok:
         return lines  # the compile part says it all
     policy = result.tolerance
@@ -113,7 +113,7 @@ def summarize_benchmark(result: BenchmarkResult) -> list[str]:
 
 def summarize_result(result: PhaseResult, code: str) -> list[str]:
     lines: list[str] = []
-    compiled = result if isinstance(result, CompileResult) else getattr(result, "compile", None)
+    compiled = compile_part(result)
     if isinstance(compiled, CompileResult) and (isinstance(result, CompileResult) or not compiled.ok):
         lines += summarize_compile(compiled, code)
     if isinstance(result, TestResult):
@@ -121,7 +121,7 @@ def summarize_result(result: PhaseResult, code: str) -> list[str]:
     if isinstance(result, BenchmarkResult):
         lines += summarize_benchmark(result)
     if not lines:
-        lines.append(f"{result.kind}: {result.status.value}" + (f" - {result.message}" if result.message else ""))  # type: ignore[attr-defined]
+        lines.append(f"{result.kind}: {result.status.value}" + (f" - {result.message}" if result.message else ""))
     return lines
 
 
@@ -157,7 +157,7 @@ def digest_outcome(outcome: Outcome) -> str:
     if outcome.speedup is not None:
         line += f", {outcome.speedup:.3f}x"
     for result in outcome.results:
-        compiled = result if isinstance(result, CompileResult) else getattr(result, "compile", None)
+        compiled = compile_part(result)
         if isinstance(compiled, CompileResult) and not compiled.ok and compiled.diagnostics:
             d = compiled.diagnostics[0]
             line += f" (line {d.line}: {d.message[:100]})"

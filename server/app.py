@@ -18,9 +18,9 @@ from kernelloop.server.executor import Executor, LocalExecutor
 from kernelloop.server.limits import BodySizeLimit, LoopbackOnly
 from kernelloop.server.routes import history, jobs, meta, problems, tools
 from kernelloop.server.service import Service
+from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage.database import open_database, sqlite_path
 from kernelloop.tools.sandbox import available_isolation
-from kernelloop.tools.settings import Settings
 
 log = logging.getLogger("kernelloop.server")
 
@@ -29,7 +29,7 @@ class ConfigError(RuntimeError):
     """The service cannot start with these settings; the message says which and what to do."""
 
 
-def check_settings(settings: Settings) -> None:
+def check_settings(settings: ServiceSettings) -> None:
     """Refuse settings that would let sandboxed code read the database."""
     db_file = sqlite_path(settings.resolved_database_url)
     data_dir = settings.data_dir.resolve()
@@ -44,15 +44,15 @@ def check_settings(settings: Settings) -> None:
                           "sandbox hides, so workers could not import registered problems: put it elsewhere")
 
 
-def create_app(settings: Settings, executor: Executor | None = None) -> FastAPI:
+def create_app(settings: ServiceSettings, executor: Executor | None = None) -> FastAPI:
     check_settings(settings)
     engine = open_database(settings.resolved_database_url)
-    executor = executor or LocalExecutor(settings, gpu_lane_ids(settings))
+    executor = executor or LocalExecutor(settings.sandbox, gpu_lane_ids(settings), settings.cpu_workers)
     service = Service(settings, engine, executor)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        isolation = available_isolation(settings.isolation)
+        isolation = available_isolation(settings.sandbox.isolation)
         if isolation != "bubblewrap":
             log.warning("sandbox isolation is %r: submitted code can read this host's files, the database included; "
                         "install bubblewrap for a read-only view with the data folder hidden", isolation)

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 from kernelloop.contract import GpuInfo
-from kernelloop.tools.settings import Settings
+from kernelloop.server.settings import ServiceSettings
 
 QUERY = "index,uuid,name,memory.total,memory.used,utilization.gpu"
 
@@ -40,7 +40,7 @@ def gpu_inventory() -> list[GpuInfo]:
     return gpus
 
 
-def gpu_lane_ids(settings: Settings) -> list[str]:
+def gpu_lane_ids(settings: ServiceSettings) -> list[str]:
     """What each GPU lane's workers get as CUDA_VISIBLE_DEVICES, one lane per entry.
 
     KERNELLOOP_GPUS if set; else the service's own CUDA_VISIBLE_DEVICES (so a restricted service stays

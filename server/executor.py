@@ -16,11 +16,10 @@ from pydantic import BaseModel
 from kernelloop.tools import api
 from kernelloop.tools.api import Progress
 from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.phase_registry import Phase
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import Backend, PhaseResult
-from kernelloop.tools.settings import Settings
-
-StepPhase = Literal["compile", "test", "benchmark"]
+from kernelloop.tools.settings import SandboxSettings
 
 
 class Lane(BaseModel):
@@ -33,7 +32,7 @@ class Lane(BaseModel):
 
 class StepRequest(BaseModel):
     job_id: int
-    phase: StepPhase
+    phase: Phase
     problem: ProblemSpec
     code: str
     backend: Backend
@@ -50,9 +49,6 @@ class Executor(Protocol):
         ...
 
 
-TOOLS = {"compile": api.compile_kernel, "test": api.run_tests, "benchmark": api.benchmark}
-
-
 class LocalExecutor:
     """Sandboxed worker processes on this host: `cpu_workers` CPU lanes and one lane per GPU.
 
@@ -60,9 +56,9 @@ class LocalExecutor:
     a CPU lane's worker sees no GPU at all, so builds never touch one.
     """
 
-    def __init__(self, settings: Settings, gpus: list[str], cpu_workers: int | None = None):
+    def __init__(self, settings: SandboxSettings, gpus: list[str], cpu_workers: int | None = None):
         self.settings = settings
-        count = cpu_workers or settings.cpu_workers or os.cpu_count() or 1
+        count = cpu_workers or os.cpu_count() or 1
         self._lanes = [Lane(name=f"cpu-{i}", kind="cpu") for i in range(count)]
         self._lanes += [Lane(name=f"gpu-{i}", kind="gpu", gpu=gpu) for i, gpu in enumerate(gpus)]
 
@@ -72,4 +68,4 @@ class LocalExecutor:
     def run(self, step: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
         visible = lane.gpu if lane.kind == "gpu" and lane.gpu is not None else ""
         settings = self.settings.model_copy(update={"worker_gpus": visible})
-        return TOOLS[step.phase](step.problem, step.code, step.backend, step.options, settings, on_progress)
+        return api.run_phase(step.phase, step.problem, step.code, step.backend, step.options, settings, on_progress)

@@ -22,19 +22,21 @@ from kernelloop.server.executor import Executor
 from kernelloop.server.limits import RateLimiter
 from kernelloop.server.problem_check import ProblemRejected, check_problem
 from kernelloop.server.scheduler import Scheduler
+from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history, problems, queue
 from kernelloop.storage.models import Attempt, Job, Problem, Run
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.phase_registry import JobPhase
+from kernelloop.tools.phase_registry import PHASES, JobPhase, shape_kinds_of, steps_of
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import Backend
-from kernelloop.tools.settings import Settings
 
 log = logging.getLogger("kernelloop.server")
+REGISTERED_MEANWHILE = "a problem named {name!r} was registered meanwhile"
+SEE_OR_RENAME = "GET /v1/problems/{name} to see it, or choose another name"
 
 
 class Service:
-    def __init__(self, settings: Settings, engine: Engine, executor: Executor):
+    def __init__(self, settings: ServiceSettings, engine: Engine, executor: Executor):
         self.settings, self.engine, self.executor = settings, engine, executor
         self.hub = EventHub()
         self.scheduler = Scheduler(engine, executor, self.hub)
@@ -93,7 +95,8 @@ class Service:
         with Session(self.engine) as session:
             problem = self.problem_row(session, request.problem, "body.problem")
             backend = request.backend or self.default_backend
-            if backend == "cuda" and phase != "compile" and "gpu" not in self.scheduler.kinds():
+            needs_gpu = any(PHASES[step].needs_gpu for step in steps_of(phase))
+            if backend == "cuda" and needs_gpu and "gpu" not in self.scheduler.kinds():
                 raise ApiError(422, "no_gpu", f"{phase} on the cuda backend needs a GPU and this service has none",
                                field="body.backend", fix="use backend cpu here, or a service with a GPU (GET /v1/devices)")
             options = request.options or EvalOptions()
@@ -138,12 +141,10 @@ class Service:
                            f"{self.settings.max_problem_bytes}", field="body.source",
                            fix="send a smaller file (KERNELLOOP_MAX_PROBLEM_BYTES sets the limit)")
         with Session(self.engine) as session:
-            existing = problems.get_problem(session, body.name)
-            if existing is not None:
-                if existing.sha256 == problems.sha256_text(body.source):
-                    return problems.detail(existing), False
-                raise ApiError(409, "problem_exists", f"a different problem named {body.name!r} exists",
-                               field="body.name", fix="choose another name: a problem never changes under its attempts")
+            same = _same_problem(session, body.name, body.source, f"a different problem named {body.name!r} exists",
+                                 "choose another name: a problem never changes under its attempts")
+            if same is not None:
+                return same, False
         try:
             spec = check_problem(body.name, body.source, self.settings)
         except ProblemRejected as exc:
@@ -157,20 +158,28 @@ class Service:
         losing concurrent registration of the same name never overwrites the winner's file."""
         path = problems.registered_path(self.settings.problems_dir, spec.name)
         with self._registering, Session(self.engine) as session:
-            existing = problems.get_problem(session, spec.name)
-            if existing is not None:
-                if existing.sha256 == problems.sha256_text(spec.source):
-                    return problems.detail(existing), False
-                raise ApiError(409, "problem_exists", f"a problem named {spec.name!r} was registered meanwhile",
-                               field="body.name", fix="GET /v1/problems/{name} to see it, or choose another name")
+            same = _same_problem(session, spec.name, spec.source, REGISTERED_MEANWHILE.format(name=spec.name),
+                                 SEE_OR_RENAME)
+            if same is not None:
+                return same, False
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(spec.source)
             try:
                 row = problems.register(session, spec.model_copy(update={"path": str(path)}))
             except IntegrityError as exc:  # another service process on the same database
-                raise ApiError(409, "problem_exists", f"a problem named {spec.name!r} was registered meanwhile",
-                               field="body.name", fix="GET /v1/problems/{name} to see it, or choose another name") from exc
+                raise ApiError(409, "problem_exists", REGISTERED_MEANWHILE.format(name=spec.name), field="body.name",
+                               fix=SEE_OR_RENAME) from exc
             return problems.detail(row), True
+
+
+def _same_problem(session: Session, name: str, source: str, conflict: str, fix: str) -> ProblemDetail | None:
+    """The registered problem if it has exactly this source; None if the name is free; 409 if it differs."""
+    existing = problems.get_problem(session, name)
+    if existing is None:
+        return None
+    if existing.sha256 == problems.sha256_text(source):
+        return problems.detail(existing)
+    raise ApiError(409, "problem_exists", conflict, field="body.name", fix=fix)
 
 
 def _check_shapes(spec: ProblemSpec, phase: JobPhase, backend: Backend, options: EvalOptions) -> None:
@@ -184,8 +193,7 @@ def _check_shapes(spec: ProblemSpec, phase: JobPhase, backend: Backend, options:
         raise ApiError(422, "unknown_shape", f"{spec.name} has no shape {unknown[0]!r} on the {backend} backend",
                        field="body.options.shapes", fix=f"use names from: {', '.join(sorted(names))}")
     chosen = [s for s in usable if s.name in options.shapes]
-    needs = {"test": ["correctness"], "benchmark": ["benchmark"], "evaluate": ["correctness", "benchmark"]}.get(phase, [])
-    for kind in needs:
+    for kind in shape_kinds_of(phase):
         if not any(getattr(s, kind) for s in chosen):
             offered = [s.name for s in usable if getattr(s, kind)]
             raise ApiError(422, "no_shape_for_phase", f"options.shapes selects no {kind} shape on {backend}",

@@ -1,4 +1,4 @@
-"""GET /v1/tools: the three tools as function-calling schemas, made from the models the endpoints take.
+"""GET /v1/tools: the phase registry's agent tools as function-calling schemas, made from the models the endpoints take.
 
 The parameters are `KernelSubmission`'s JSON Schema (what POST /v1/compile, /v1/test and /v1/benchmark
 read, less the fields the agent loop fills in: run, parent, step, proposer), with every $ref inlined so
@@ -18,28 +18,14 @@ from pydantic import BaseModel, Field
 
 from kernelloop.contract import KernelSubmission
 from kernelloop.tools.jobs import EvalOptions
-
-TOOLS: list[tuple[str, str, str]] = [
-    ("compile_kernel", "/v1/compile",
-     "Build and import a kernel submission and instantiate ModelNew for every shape of the problem. Returns a "
-     "status (passed, compile_error, missing_model_new, signature_error, runtime_error, timeout), diagnostics "
-     "pointing at lines of the submitted source, the build log and the build time."),
-    ("run_tests", "/v1/test",
-     "Compile, then compare ModelNew against a float64 ground truth on every correctness shape with fresh random "
-     "seeds. Returns pass/fail per shape and seed with max abs/rel error, mismatch count and the first mismatching "
-     "element; also catches NaN/Inf, mutated inputs, races and use of the reference's own operator."),
-    ("benchmark", "/v1/benchmark",
-     "Compile, then time ModelNew against the eager PyTorch reference on every benchmark shape (interleaved, L2 "
-     "flushed, median). Returns per-shape times, speedup, TFLOP/s, GB/s and the fraction of the roofline floor; "
-     "a time under the physical floor is reported as suspicious, never as a speedup."),
-]
+from kernelloop.tools.phase_registry import AGENT_TOOLS, TOOLS
 
 
 class AgentEvalOptions(BaseModel):
     """How the benchmark times the kernel."""  # the options offered to agents: EvalOptions' own fields
 
-    compare_torch_compile: bool = EvalOptions.model_fields["compare_torch_compile"]
-    time_budget_s: float = EvalOptions.model_fields["time_budget_s"]
+    compare_torch_compile: bool = EvalOptions.model_fields["compare_torch_compile"]  # type: ignore[assignment]
+    time_budget_s: float = EvalOptions.model_fields["time_budget_s"]  # type: ignore[assignment]
 
 
 class AgentSubmission(KernelSubmission):
@@ -71,11 +57,12 @@ def parameters_schema() -> dict[str, Any]:
 
 def tool_definitions(style: Literal["openai", "anthropic"] = "openai") -> list[dict[str, Any]]:
     parameters = parameters_schema()
+    offered = [TOOLS[name] for name in AGENT_TOOLS]
     if style == "anthropic":
-        return [{"name": name, "description": text, "input_schema": parameters} for name, _, text in TOOLS]
-    return [{"type": "function", "function": {"name": name, "description": text, "parameters": parameters}}
-            for name, _, text in TOOLS]
+        return [{"name": t.name, "description": t.description, "input_schema": parameters} for t in offered]
+    return [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": parameters}}
+            for t in offered]
 
 
 def tool_endpoints() -> dict[str, str]:
-    return {name: path for name, path, _ in TOOLS}
+    return {name: TOOLS[name].endpoint for name in AGENT_TOOLS}

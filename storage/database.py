@@ -70,7 +70,7 @@ def create_db_engine(url: str) -> Engine:
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")
-    def _tune_sqlite(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+    def _tune_sqlite(dbapi_connection, _record):
         cursor = dbapi_connection.cursor()
         if path is not None:
             cursor.execute("PRAGMA journal_mode=WAL")

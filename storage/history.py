@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from pydantic import TypeAdapter
-from sqlalchemy import func
+from sqlalchemy import ColumnElement, func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -32,25 +33,25 @@ from kernelloop.contract import (
     SubmissionRequest,
 )
 from kernelloop.storage.coverage import Counted, counted
-from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, Problem, Run, utcnow
+from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, Problem, Run, row_id, utcnow
 from kernelloop.storage.problems import spec_of
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import (
     Backend,
     BenchmarkResult,
-    CompileResult,
     PhaseResult,
     PhaseResultAny,
     Status,
     TestResult,
+    compile_part,
 )
 
 RESULT_ADAPTER: TypeAdapter[PhaseResult] = TypeAdapter(PhaseResultAny)
 
 
-def _columns(row: object, names: object) -> dict[str, object]:
+def _columns(row: object, names: Iterable[str]) -> dict[str, object]:
     """The row's values for the fields of a public model (rows hold enums as plain strings)."""
-    return {name: getattr(row, name) for name in names if hasattr(row, name)}  # type: ignore[attr-defined]
+    return {name: getattr(row, name) for name in names if hasattr(row, name)}
 COMPILE_FAILURES = {Status.compile_error, Status.missing_model_new, Status.signature_error}
 
 
@@ -71,7 +72,7 @@ def store_code(session: Session, text: str) -> str:
 # -------------------------------------------------------------------------------------------- runs
 
 def create_run(session: Session, problem: Problem, request: RunCreate) -> Run:
-    run = Run(problem_id=problem.id, name=request.name, proposer=request.proposer, model=request.model,
+    run = Run(problem_id=row_id(problem), name=request.name, proposer=request.proposer, model=request.model,
               backend=request.backend, notes=request.notes, config=request.config)
     session.add(run)
     session.commit()
@@ -81,7 +82,7 @@ def create_run(session: Session, problem: Problem, request: RunCreate) -> Run:
 
 def update_run(session: Session, run: Run, update: RunUpdate) -> Run:
     if update.status is not None:
-        run.status = update.status.value  # type: ignore[assignment]
+        run.status = update.status
         if update.status == RunStatus.active:
             run.finished_at = None  # reopened, e.g. by `kernelloop agent resume`
         elif run.finished_at is None:
@@ -102,9 +103,9 @@ def run_public(session: Session, run: Run) -> RunPublic:
 
 
 def _runs_public(session: Session, runs: Sequence[Run]) -> list[RunPublic]:
-    ids = [r.id for r in runs]
+    ids = [row_id(r) for r in runs]
     counts = dict(session.exec(select(Attempt.run_id, func.count()).where(col(Attempt.run_id).in_(ids))
-                               .group_by(Attempt.run_id)).all())
+                               .group_by(col(Attempt.run_id))).all())
     names = dict(session.exec(select(Problem.id, Problem.name)).all())
     out = []
     for run in runs:
@@ -148,7 +149,7 @@ def create_attempt(session: Session, problem: Problem, request: SubmissionReques
     found = existing()
     if found is not None:
         return found, True
-    attempt = Attempt(problem_id=problem.id, run_id=request.run_id, parent_id=request.parent_attempt_id,
+    attempt = Attempt(problem_id=row_id(problem), run_id=request.run_id, parent_id=request.parent_attempt_id,
                       step=request.step, backend=backend, proposer=request.proposer, rationale=request.rationale,
                       code_sha256=digest, client=client)
     session.add(attempt)
@@ -164,20 +165,16 @@ def create_attempt(session: Session, problem: Problem, request: SubmissionReques
     return attempt, False
 
 
-def _compile_part(result: PhaseResult) -> CompileResult | None:
-    return result if isinstance(result, CompileResult) else getattr(result, "compile", None)
-
-
 def record_evaluation(session: Session, attempt_id: int, job_id: int | None, result: PhaseResult, *,
                       created_at: datetime, started_at: datetime, finished_at: datetime) -> Evaluation:
     """Store one verdict with its log, and bring the attempt's summary up to date (one transaction)."""
-    compiled = _compile_part(result)
+    compiled = compile_part(result)
     log = compiled.log if compiled is not None else ""
     if result.sandbox is not None and not log:
         log = "\n".join(part for part in (result.sandbox.stdout, result.sandbox.stderr) if part)
     speedup = result.geomean_speedup if isinstance(result, BenchmarkResult) else None
     evaluation = Evaluation(
-        attempt_id=attempt_id, job_id=job_id, kind=result.kind, status=result.status.value, message=result.message,  # type: ignore[attr-defined]
+        attempt_id=attempt_id, job_id=job_id, kind=result.kind, status=result.status, message=result.message,
         backend=result.backend, device=result.device, isolation=result.sandbox.isolation if result.sandbox else None,
         toolchain=compiled.toolchain if compiled is not None else {},
         build_seconds=compiled.build_seconds if compiled is not None else None,
@@ -201,8 +198,8 @@ def problem_spec(session: Session, problem_id: int) -> ProblemSpec:
 
 
 def _summarize(attempt: Attempt, result: PhaseResult, verdict: Counted) -> None:
-    attempt.status, attempt.stage, attempt.updated_at = result.status.value, result.kind, utcnow()  # type: ignore[attr-defined]
-    compiled = _compile_part(result)
+    attempt.status, attempt.stage, attempt.updated_at = result.status.value, result.kind, utcnow()
+    compiled = compile_part(result)
     if compiled is not None and (compiled.status == Status.passed or compiled.status in COMPILE_FAILURES):
         attempt.compiled = compiled.status == Status.passed
     _count(attempt, verdict)
@@ -239,13 +236,13 @@ def recount_attempts(session: Session) -> int:
     return len(recounted)
 
 
-def _summary_rows(session: Session, query) -> list[AttemptSummary]:  # type: ignore[no-untyped-def]
+def _summary_rows(session: Session, query) -> list[AttemptSummary]:
     return [AttemptSummary.model_validate({**_columns(attempt, AttemptSummary.model_fields), "problem": name,
                                            "code_bytes": size})
             for attempt, name, size in session.exec(query).all()]
 
 
-def _summary_query():  # type: ignore[no-untyped-def]
+def _summary_query():
     return (select(Attempt, Problem.name, CodeBlob.size_bytes)
             .join(Problem, col(Problem.id) == col(Attempt.problem_id))
             .join(CodeBlob, col(CodeBlob.sha256) == col(Attempt.code_sha256)))
@@ -253,19 +250,19 @@ def _summary_query():  # type: ignore[no-untyped-def]
 
 def list_attempts(session: Session, f: AttemptFilter) -> Page[AttemptSummary]:
     """One page of attempts, filtered and sorted (NULL speedups last whatever the order)."""
-    conditions = []
+    conditions: list[ColumnElement[bool]] = []
     if f.problem is not None:
-        conditions.append(Problem.name == f.problem)
+        conditions.append(col(Problem.name) == f.problem)
     if f.run_id is not None:
-        conditions.append(Attempt.run_id == f.run_id)
+        conditions.append(col(Attempt.run_id) == f.run_id)
     if f.status is not None:
-        conditions.append(Attempt.status == f.status.value)
+        conditions.append(col(Attempt.status) == f.status.value)
     if f.backend is not None:
-        conditions.append(Attempt.backend == f.backend)
+        conditions.append(col(Attempt.backend) == f.backend)
     if f.proposer is not None:
-        conditions.append(Attempt.proposer == f.proposer)
+        conditions.append(col(Attempt.proposer) == f.proposer)
     if f.correct is not None:
-        conditions.append(Attempt.correct == f.correct)
+        conditions.append(col(Attempt.correct) == f.correct)
     if f.min_speedup is not None:
         conditions.append(col(Attempt.speedup) >= f.min_speedup)
     key = {"created": col(Attempt.created_at), "speedup": col(Attempt.speedup), "step": col(Attempt.step),
@@ -291,12 +288,12 @@ def attempt_detail(session: Session, attempt_id: int) -> AttemptDetail | None:
     code = session.get(CodeBlob, summary.code_sha256)
     evaluations = session.exec(select(Evaluation).where(Evaluation.attempt_id == attempt_id)
                                .order_by(col(Evaluation.id))).all()
-    jobs = session.exec(select(Job.id).where(Job.attempt_id == attempt_id).order_by(col(Job.id))).all()
+    jobs = [row_id(job) for job in session.exec(select(Job).where(Job.attempt_id == attempt_id).order_by(col(Job.id)))]
     attempt = session.get(Attempt, attempt_id)
     assert attempt is not None
     spec = problem_spec(session, attempt.problem_id)
     return AttemptDetail(**summary.model_dump(), code=code.text if code else "",
-                         evaluations=[evaluation_public(e, spec) for e in evaluations], jobs=list(jobs))
+                         evaluations=[evaluation_public(e, spec) for e in evaluations], jobs=jobs)
 
 
 def evaluation_public(evaluation: Evaluation, spec: ProblemSpec) -> EvaluationPublic:
@@ -342,5 +339,5 @@ def leaderboard(session: Session, *, problem_id: int | None = None, backend: Bac
             for i, (a, name) in enumerate(rows)]
 
 
-def parse_result(data: dict) -> PhaseResult:
+def parse_result(data: Mapping[str, Any]) -> PhaseResult:
     return RESULT_ADAPTER.validate_python(data)

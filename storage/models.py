@@ -11,7 +11,7 @@ job events (what `GET /v1/jobs/{id}/events` streams).
 """
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from sqlalchemy import JSON, DateTime, Index, Text
 from sqlalchemy.types import TypeDecorator
@@ -33,6 +33,17 @@ from kernelloop.tools.phase_registry import JobPhase
 SCHEMA_VERSION = 2
 """Bumped with every change to the tables or to what their columns mean; storage.database upgrades or refuses
 older databases (v2: an attempt's `correct` and `speedup` count only full-coverage verdicts)."""
+
+
+class _Row(Protocol):
+    id: int | None
+
+
+def row_id(row: _Row) -> int:
+    """The id of a row the database has numbered (added and flushed, or read back)."""
+    if row.id is None:
+        raise ValueError(f"{type(row).__name__} has no id yet: flush the session first")
+    return row.id
 
 
 class UTCDateTime(TypeDecorator):

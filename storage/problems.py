@@ -11,7 +11,7 @@ import hashlib
 import logging
 from pathlib import Path
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from kernelloop.contract import ProblemDetail, ProblemSummary
 from kernelloop.storage.models import Problem, utcnow
@@ -66,8 +66,12 @@ def get_problem(session: Session, name: str) -> Problem | None:
     return session.exec(select(Problem).where(Problem.name == name)).first()
 
 
+def all_problems(session: Session) -> list[Problem]:
+    return list(session.exec(select(Problem).order_by(col(Problem.name))).all())
+
+
 def problem_names(session: Session) -> list[str]:
-    return list(session.exec(select(Problem.name).order_by(Problem.name)).all())
+    return [row.name for row in all_problems(session)]
 
 
 def spec_of(row: Problem) -> ProblemSpec:

@@ -19,26 +19,32 @@ from sqlmodel import Session, col, select
 from kernelloop.contract import JobLinks, JobPublic, JobStatus, LaneKind
 from kernelloop.storage.coverage import counted
 from kernelloop.storage.history import parse_result, record_evaluation
-from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, JobEvent, Problem, utcnow
+from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, JobEvent, Problem, row_id, utcnow
 from kernelloop.storage.problems import spec_of
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.phase_registry import JobPhase, Phase
+from kernelloop.tools.phase_registry import PHASES, JobPhase, Phase, steps_of
 from kernelloop.tools.problems import ProblemSpec
-from kernelloop.tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
+from kernelloop.tools.results import (
+    Backend,
+    BenchmarkResult,
+    PhaseResult,
+    Status,
+    TestResult,
+    compile_part,
+)
 
 
 def steps_for(phase: JobPhase, backend: Backend) -> list[Phase]:
     """The steps of a job. On the cuda backend a test or benchmark is built first on a CPU lane, so a
     long nvcc build never holds a GPU; on the cpu backend the test and benchmark build for themselves."""
-    if phase == "evaluate":
-        return ["compile", "test", "benchmark"]
-    if phase != "compile" and backend == "cuda":
-        return ["compile", phase]
-    return [phase]
+    steps = list(steps_of(phase))
+    if backend == "cuda" and PHASES[steps[0]].needs_gpu:
+        steps.insert(0, "compile")
+    return steps
 
 
 def lane_kind(step: Phase, backend: Backend) -> LaneKind:
-    return "gpu" if backend == "cuda" and step != "compile" else "cpu"
+    return "gpu" if backend == "cuda" and PHASES[step].needs_gpu else "cpu"
 
 
 def add_event(session: Session, job_id: int, type_: str, **data: object) -> None:
@@ -47,13 +53,13 @@ def add_event(session: Session, job_id: int, type_: str, **data: object) -> None
 
 def enqueue(session: Session, attempt: Attempt, phase: JobPhase, options: EvalOptions, client: str) -> Job:
     steps = steps_for(phase, attempt.backend)
-    job = Job(attempt_id=attempt.id, phase=phase, steps=steps, needs=lane_kind(steps[0], attempt.backend),
-              options=options.model_dump(mode="json"), client=client, status=JobStatus.queued.value)
+    job = Job(attempt_id=row_id(attempt), phase=phase, steps=steps, needs=lane_kind(steps[0], attempt.backend),
+              options=options.model_dump(mode="json"), client=client, status=JobStatus.queued)
     session.add(job)
     attempt.status, attempt.updated_at = "pending", utcnow()
     session.add(attempt)
     session.flush()
-    add_event(session, job.id, "queued", steps=steps, needs=job.needs, queue_position=queue_position(session, job))
+    add_event(session, row_id(job), "queued", steps=steps, needs=job.needs, queue_position=queue_position(session, job))
     session.commit()
     session.refresh(job)
     return job
@@ -68,7 +74,7 @@ def claim_next(engine: Engine, needs: LaneKind, lane: str) -> int | None:
             if job_id is None:
                 return None
             now = utcnow()
-            claimed = session.exec(update(Job).where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued.value)  # type: ignore[call-overload]
+            claimed = session.exec(update(Job).where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued.value)
                                    .values(status=JobStatus.running.value, lane=lane, updated_at=now,
                                            started_at=func.coalesce(Job.started_at, now)))
             if claimed.rowcount == 1:
@@ -103,15 +109,15 @@ def step_context(session: Session, job_id: int) -> StepContext:
     problem = session.get(Problem, attempt.problem_id)
     code = session.get(CodeBlob, attempt.code_sha256)
     assert problem is not None and code is not None
-    return StepContext(job_id=job_id, attempt_id=attempt.id, step=job.steps[job.step_index],  # type: ignore[arg-type]
+    return StepContext(job_id=job_id, attempt_id=row_id(attempt), step=job.steps[job.step_index],
                        problem=ProblemSpec.model_validate(problem.spec), code=code.text, backend=attempt.backend,
                        options=EvalOptions.model_validate(job.options), created_at=job.created_at)
 
 
 def progress_data(result: PhaseResult) -> dict[str, object]:
     """A small summary of a result-so-far, for a progress event."""
-    data: dict[str, object] = {"kind": result.kind, "status": result.status.value, "message": result.message}  # type: ignore[attr-defined]
-    compiled = result if isinstance(result, CompileResult) else getattr(result, "compile", None)
+    data: dict[str, object] = {"kind": result.kind, "status": result.status.value, "message": result.message}
+    compiled = compile_part(result)
     if compiled is not None:
         data["build_seconds"], data["cache_hit"] = compiled.build_seconds, compiled.cache_hit
     if isinstance(result, TestResult) and result.checks:
@@ -142,8 +148,9 @@ def finish_step(engine: Engine, job_id: int, result: PhaseResult, *, started_at:
         evaluation = record_evaluation(session, job.attempt_id, job_id, result, created_at=job.created_at,
                                        started_at=started_at, finished_at=finished_at)
         job = session.get(Job, job_id)
-        attempt = session.get(Attempt, job.attempt_id)  # type: ignore[union-attr]
-        assert job is not None and attempt is not None
+        assert job is not None
+        attempt = session.get(Attempt, job.attempt_id)
+        assert attempt is not None
         step = job.steps[job.step_index]
         extra = {"speedup": result.geomean_speedup} if isinstance(result, BenchmarkResult) else {}
         add_event(session, job_id, "step_finished", step=step, status=result.status.value, message=result.message,
@@ -152,7 +159,7 @@ def finish_step(engine: Engine, job_id: int, result: PhaseResult, *, started_at:
         if result.status == Status.passed and job.step_index + 1 < len(job.steps):
             job.step_index += 1
             job.needs = lane_kind(job.steps[job.step_index], attempt.backend)
-            job.status = JobStatus.queued.value  # type: ignore[assignment]
+            job.status = JobStatus.queued
             attempt.status = "pending"
             session.add(attempt)
             session.add(job)
@@ -160,7 +167,7 @@ def finish_step(engine: Engine, job_id: int, result: PhaseResult, *, started_at:
             add_event(session, job_id, "queued", step=job.steps[job.step_index], needs=job.needs,
                       queue_position=queue_position(session, job))
         else:
-            job.status, job.finished_at = JobStatus.finished.value, utcnow()  # type: ignore[assignment]
+            job.status, job.finished_at = JobStatus.finished, utcnow()
             session.add(job)
             add_event(session, job_id, "finished", outcome=result.status.value, attempt_id=job.attempt_id)
         session.commit()
@@ -178,14 +185,14 @@ def fail_job(engine: Engine, job_id: int, note: str) -> None:
 
 
 def _fail(session: Session, job: Job, note: str) -> None:
-    job.status, job.finished_at, job.updated_at, job.lane = JobStatus.failed.value, utcnow(), utcnow(), None  # type: ignore[assignment]
+    job.status, job.finished_at, job.updated_at, job.lane = JobStatus.failed, utcnow(), utcnow(), None
     job.note = (job.note + "\n" if job.note else "") + note
     session.add(job)
     attempt = session.get(Attempt, job.attempt_id)
     if attempt is not None and attempt.status == "pending":
         attempt.status = "failed"
         session.add(attempt)
-    add_event(session, job.id, "failed", note=note)  # type: ignore[arg-type]
+    add_event(session, row_id(job), "failed", note=note)
 
 
 def requeue_running(engine: Engine, *, max_interruptions: int, reason: str) -> list[int]:
@@ -206,12 +213,12 @@ def requeue_running(engine: Engine, *, max_interruptions: int, reason: str) -> l
                                     f"(more than KERNELLOOP_MAX_JOB_INTERRUPTIONS={max_interruptions})")
                 continue
             job.note = (job.note + "\n" if job.note else "") + line + "; queued again"
-            job.status, job.lane, job.updated_at = JobStatus.queued.value, None, utcnow()  # type: ignore[assignment]
+            job.status, job.lane, job.updated_at = JobStatus.queued, None, utcnow()
             session.add(job)
             session.flush()
-            add_event(session, job.id, "requeued", step=step, queue_position=queue_position(session, job))  # type: ignore[arg-type]
+            add_event(session, row_id(job), "requeued", step=step, queue_position=queue_position(session, job))
         session.commit()
-        return [job.id for job in jobs]  # type: ignore[misc]
+        return [row_id(job) for job in jobs]
 
 
 def queue_position(session: Session, job: Job) -> int | None:
@@ -251,7 +258,7 @@ def job_public(session: Session, job: Job, *, reused_attempt: bool = False) -> J
     spec = spec_of(problem)
     verdicts = [counted(spec, result) for result in results]
     return JobPublic(
-        id=job.id, attempt_id=job.attempt_id, run_id=attempt.run_id, problem=problem.name,  # type: ignore[arg-type]
+        id=job.id, attempt_id=job.attempt_id, run_id=attempt.run_id, problem=problem.name,
         backend=attempt.backend, phase=job.phase, steps=job.steps, step_index=job.step_index, status=job.status,
         queue_position=queue_position(session, job), needs=job.needs, lane=job.lane, outcome=job.outcome,
         note=job.note, interruptions=job.interruptions, reused_attempt=reused_attempt, created_at=job.created_at,
@@ -273,5 +280,5 @@ def list_jobs(session: Session, *, status: JobStatus | None = None, limit: int =
 
 
 def running_jobs_by_lane(session: Session) -> dict[str, int]:
-    return {lane: job_id for job_id, lane in session.exec(
-        select(Job.id, Job.lane).where(Job.status == JobStatus.running.value)).all() if lane}
+    running = session.exec(select(Job).where(Job.status == JobStatus.running.value)).all()
+    return {job.lane: row_id(job) for job in running if job.lane}

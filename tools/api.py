@@ -7,15 +7,13 @@ caller always gets a result object and never an exception for anything the submi
 
 from __future__ import annotations
 
-import secrets
-import shutil
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
-from kernelloop.tools import build_cache, sandbox, toolchain
+from kernelloop.tools import build_cache, toolchain
 from kernelloop.tools.jobs import EvalOptions, WorkerJob, WorkerReply
-from kernelloop.tools.phase_registry import Phase
+from kernelloop.tools.phase_registry import PHASES, Phase
 from kernelloop.tools.problems import ProblemSpec, load_problem
 from kernelloop.tools.results import (
     Backend,
@@ -25,12 +23,14 @@ from kernelloop.tools.results import (
     SandboxReport,
     Status,
     TestResult,
+    compile_part,
 )
-from kernelloop.tools.settings import Settings, get_settings
+from kernelloop.tools.settings import SandboxSettings, get_sandbox_settings
+from kernelloop.tools.worker_call import call_worker
 
-RESULT_TYPES: dict[Phase, type[PhaseResult]] = {"compile": CompileResult, "test": TestResult, "benchmark": BenchmarkResult}
 Progress = Callable[[PhaseResult], None]
 """Called with the result-so-far each time the worker reports a step (the service streams these)."""
+WORKER_MODULE = "kernelloop.tools.worker"
 
 
 def default_backend() -> Backend:
@@ -39,78 +39,59 @@ def default_backend() -> Backend:
 
 
 def compile_kernel(problem: ProblemSpec | str, code: str, backend: Backend | None = None,
-                   options: EvalOptions | None = None, settings: Settings | None = None,
+                   options: EvalOptions | None = None, settings: SandboxSettings | None = None,
                    on_progress: Progress | None = None) -> CompileResult:
     """Build and import the submission and instantiate ModelNew for every shape of the problem."""
-    return _run_phase("compile", problem, code, backend, options, settings, on_progress)  # type: ignore[return-value]
+    return cast(CompileResult, run_phase("compile", problem, code, backend, options, settings, on_progress))
 
 
 def run_tests(problem: ProblemSpec | str, code: str, backend: Backend | None = None,
-              options: EvalOptions | None = None, settings: Settings | None = None,
+              options: EvalOptions | None = None, settings: SandboxSettings | None = None,
               on_progress: Progress | None = None) -> TestResult:
     """Compile, then compare ModelNew with the float64 truth on every correctness shape and several seeds."""
-    return _run_phase("test", problem, code, backend, options, settings, on_progress)  # type: ignore[return-value]
+    return cast(TestResult, run_phase("test", problem, code, backend, options, settings, on_progress))
 
 
 def benchmark(problem: ProblemSpec | str, code: str, backend: Backend | None = None,
-              options: EvalOptions | None = None, settings: Settings | None = None,
+              options: EvalOptions | None = None, settings: SandboxSettings | None = None,
               on_progress: Progress | None = None) -> BenchmarkResult:
     """Compile, then time ModelNew against the reference on every benchmark shape."""
-    return _run_phase("benchmark", problem, code, backend, options, settings, on_progress)  # type: ignore[return-value]
+    return cast(BenchmarkResult, run_phase("benchmark", problem, code, backend, options, settings, on_progress))
 
 
-def _timeout(phase: Phase, options: EvalOptions, settings: Settings) -> float:
-    if options.timeout_s:
-        return options.timeout_s
-    return {"compile": settings.compile_timeout_s, "test": settings.test_timeout_s,
-            "benchmark": settings.benchmark_timeout_s}[phase]
-
-
-def _run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Backend | None,
-               options: EvalOptions | None, settings: Settings | None, on_progress: Progress | None = None) -> PhaseResult:
-    settings = settings or get_settings()
+def run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Backend | None = None,
+              options: EvalOptions | None = None, settings: SandboxSettings | None = None,
+              on_progress: Progress | None = None) -> PhaseResult:
+    """Any phase of the registry by name: what the tools above and the service's executor call."""
+    settings = settings or get_sandbox_settings()
     options = options or EvalOptions()
     spec = load_problem(problem) if isinstance(problem, str) else problem
     backend = backend or default_backend()
     fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list)
     entry = build_cache.cache_entry(settings.cache_dir, code, backend, fingerprint)
-    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
-    job_dir = Path(tempfile.mkdtemp(prefix=f"{phase}-", dir=settings.jobs_dir))
-    nonce = secrets.token_hex(16)
-    job = WorkerJob(phase=phase, problem=spec, code=code, backend=backend, options=options, nonce=nonce,
-                    result_fd=-1, submission_path=str(job_dir / "submission.py"), build_dir=str(entry.path),
-                    cache_key=entry.key, cache_hit=entry.hit)
-    last: list[PhaseResult] = []
-    final: list[PhaseResult] = []
 
-    malformed: list[str] = []
+    def make_job(job_dir: Path, nonce: str) -> WorkerJob:
+        return WorkerJob(phase=phase, problem=spec, code=code, backend=backend, options=options, nonce=nonce,
+                         result_fd=-1, submission_path=str(job_dir / "submission.py"), build_dir=str(entry.path),
+                         cache_key=entry.key, cache_hit=entry.hit)
 
-    def on_message(line: bytes) -> None:
-        try:
-            reply = WorkerReply.model_validate_json(line)
-        except ValueError as exc:
-            if nonce.encode() in line:  # ours, yet unreadable: a harness bug must not pass as a crash
-                malformed.append(str(exc)[:500])
-            return  # otherwise not ours: a line without the job's nonce is ignored
-        if reply.nonce == nonce:
-            (final if reply.final else last).append(reply.result)
-            if on_progress is not None and not reply.final:
-                on_progress(reply.result)
+    def on_reply(reply: WorkerReply) -> None:
+        if on_progress is not None and not reply.final:
+            on_progress(reply.result)
 
-    env = sandbox.worker_environment(toolchain.build_environment(settings), job_dir)
-    try:
-        report = sandbox.run_worker(job.model_dump_json().encode(), job_dir=job_dir, writable=[entry.path], env=env,
-                                    timeout_s=_timeout(phase, options, settings), settings=settings,
-                                    on_message=on_message)
-    finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
-    result = final[-1] if final else _verdict_without_reply(phase, spec.name, backend, last, report)
-    if malformed and not final:
+    call = call_worker(WORKER_MODULE, make_job, WorkerReply, settings=settings, writable=[entry.path],
+                       timeout_s=options.timeout_s or getattr(settings, PHASES[phase].timeout_setting),
+                       on_reply=on_reply, folder_prefix=phase)
+    report = call.report
+    final = [r.result for r in call.replies if r.final]
+    partial = [r.result for r in call.replies if not r.final]
+    result = final[-1] if final else _verdict_without_reply(phase, spec.name, backend, partial, report)
+    if call.malformed and not final:
         result.status = Status.sandbox_error
-        result.message = f"the worker's reply could not be read: {malformed[-1]}"
+        result.message = f"the worker's reply could not be read: {call.malformed[-1]}"
     result.sandbox = report
-    if isinstance(result, CompileResult) or (result.__dict__.get("compile") is not None):
-        compiled = result if isinstance(result, CompileResult) else result.compile  # type: ignore[attr-defined]
+    compiled = compile_part(result)
+    if compiled is not None:
         compiled.toolchain = fingerprint  # what the build cache keys on, from the host, never from the worker
         log = "\n".join(part for part in (compiled.log, report.stdout, report.stderr) if part)
         compiled.log_truncated = len(log.encode()) > settings.log_cap_bytes or report.output_truncated
@@ -118,10 +99,10 @@ def _run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Bac
     return result
 
 
-def _verdict_without_reply(phase: Phase, problem: str, backend: Backend, partial: list[PhaseResult],
+def _verdict_without_reply(phase: Phase, problem: str, backend: Backend, partial: Sequence[PhaseResult],
                            report: SandboxReport) -> PhaseResult:
     """The worker ended without a final result: a timeout, a crash or an exit from submitted code."""
-    result = partial[-1] if partial else RESULT_TYPES[phase](status=Status.runtime_error, problem=problem, backend=backend)
+    result = partial[-1] if partial else PHASES[phase].result_type(kind=phase, status=Status.runtime_error, problem=problem, backend=backend)
     where = _last_step(result)
     if report.timed_out:
         result.status = Status.timeout

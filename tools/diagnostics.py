@@ -143,7 +143,7 @@ def _located(severity: str, message: str, tool: str, path: str, generated_line: 
         elif quoted is not None:
             line = _unique_match(quoted, submitted)
     text = submitted[line - 1] if line is not None else None
-    if line is not None and column is not None and generated_text is not None:
+    if text is not None and column is not None and generated_text is not None:
         column += _indent(text) - _indent(generated_text)  # the string may have been dedented
     return Diagnostic(severity=severity, line=line, column=column, message=message, excerpt=text, tool=tool,
                       generated_file=name, generated_line=generated_line)

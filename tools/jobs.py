@@ -45,3 +45,17 @@ class WorkerReply(BaseModel):
     nonce: str
     final: bool = False
     result: PhaseResultAny
+
+
+class ProblemCheckJob(BaseModel):
+    """A problem file to load and exercise in the sandbox (`python -m kernelloop.tools.problem_worker`)."""
+
+    path: str
+    name: str
+    nonce: str
+
+
+class ProblemCheckReply(BaseModel):
+    nonce: str
+    spec: ProblemSpec | None = None
+    error: str | None = None

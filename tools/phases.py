@@ -106,6 +106,11 @@ def compile_phase(job: WorkerJob, report: Report) -> tuple[CompileResult, Loaded
     return result, Loaded(problem_module, model_new, device)
 
 
+def compile_only_phase(job: WorkerJob, report: Report) -> CompileResult:
+    """The compile phase on its own: the verdict, without the loaded module the other phases go on with."""
+    return compile_phase(job, report)[0]
+
+
 def _signature(problem_module: ModuleType) -> str:
     return str(inspect.signature(problem_module.Model))
 
@@ -121,7 +126,7 @@ class _OpRecorder(TorchDispatchMode):
         super().__init__()
         self.ops: set[str] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.add(func._schema.name)
         return func(*args, **(kwargs or {}))
 
@@ -275,11 +280,16 @@ def benchmark_phase(job: WorkerJob, report: Report) -> BenchmarkResult:
     return result
 
 
+def _on_input_set(model: Callable[..., Any], input_sets: list[list[Any]]) -> timing.Subject:
+    """What the timer calls: the model on input set `i`."""
+    return lambda i: model(*input_sets[i])
+
+
 def _benchmark_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, peaks: devices.DevicePeaks | None) -> ShapeBenchmark:
     device, dtype = loaded.device, DTYPES.get(job.problem.dtype, torch.float32)
     seed = secrets.randbelow(2**31)
     pair = candidate.build_pair(loaded.problem_module, loaded.model_new, shape, device, seed)
-    subjects: dict[str, torch.nn.Module] = {"candidate": pair.candidate, "reference": pair.reference}
+    subjects: dict[str, Callable[..., Any]] = {"candidate": pair.candidate, "reference": pair.reference}
     if job.options.compare_torch_compile:
         subjects["compiled_reference"] = torch.compile(pair.reference)
     n_sets = 2
@@ -293,7 +303,7 @@ def _benchmark_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, peaks: devi
 
     with torch.no_grad():
         measured = timing.measure(
-            {name: (lambda i, m=model, n=name: m(*input_sets[n][i])) for name, model in subjects.items()},
+            {name: _on_input_set(model, input_sets[name]) for name, model in subjects.items()},
             refresh, n_sets, device, budget_s=job.options.time_budget_s, min_samples=job.options.min_samples,
             max_samples=job.options.max_samples, suspects=("candidate",),
         )
@@ -340,4 +350,3 @@ def _check_timed_outputs(pair: candidate.ModelPair, input_sets: list[list[Any]],
     return None
 
 
-PHASES = {"compile": lambda job, report: compile_phase(job, report)[0], "test": test_phase, "benchmark": benchmark_phase}

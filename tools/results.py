@@ -70,6 +70,7 @@ class SandboxReport(BaseModel):
 class PhaseResult(BaseModel):
     """Fields shared by the three tools' results."""
 
+    kind: Literal["compile", "test", "benchmark"]
     status: Status
     message: str = ""
     problem: str
@@ -172,3 +173,12 @@ class BenchmarkResult(PhaseResult):
 
 
 PhaseResultAny = Annotated[Union[CompileResult, TestResult, BenchmarkResult], Field(discriminator="kind")]
+
+
+def compile_part(result: PhaseResult) -> CompileResult | None:
+    """The build's verdict inside any result: the result itself for a compile, else the compile it ran first."""
+    if isinstance(result, CompileResult):
+        return result
+    if isinstance(result, (TestResult, BenchmarkResult)):
+        return result.compile
+    return None

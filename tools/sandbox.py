@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from kernelloop.tools.results import Isolation, SandboxReport
-from kernelloop.tools.settings import Settings
+from kernelloop.tools.settings import SandboxSettings
 
 # The only variables a worker inherits from the caller; secrets and service settings stay behind.
 ENV_ALLOWLIST = (
@@ -138,7 +138,7 @@ def run_worker(
     writable: list[Path],
     env: dict[str, str],
     timeout_s: float,
-    settings: Settings,
+    settings: SandboxSettings,
     on_message: Callable[[bytes], None],
     module: str = "kernelloop.tools.worker",
 ) -> SandboxReport:
@@ -164,15 +164,17 @@ def run_worker(
         preexec_fn=lambda: _limit_resources(int(timeout_s * 4) + 60),
     )
     os.close(result_write)
-    readers = [_CappedReader(os.dup(proc.stdout.fileno()), settings.output_cap_bytes),  # type: ignore[union-attr]
-               _CappedReader(os.dup(proc.stderr.fileno()), settings.output_cap_bytes)]  # type: ignore[union-attr]
-    proc.stdout.close(), proc.stderr.close()  # type: ignore[union-attr, func-returns-value]
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three are PIPEs
+    readers = [_CappedReader(os.dup(proc.stdout.fileno()), settings.output_cap_bytes),
+               _CappedReader(os.dup(proc.stderr.fileno()), settings.output_cap_bytes)]
+    proc.stdout.close()
+    proc.stderr.close()
     messages = _MessageReader(result_read, on_message)
     for thread in (*readers, messages):
         thread.start()
     try:
-        proc.stdin.write(job_json)  # type: ignore[union-attr]
-        proc.stdin.close()  # type: ignore[union-attr]
+        proc.stdin.write(job_json)
+        proc.stdin.close()
     except BrokenPipeError:
         pass
     timed_out = False

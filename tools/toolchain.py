@@ -12,7 +12,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from kernelloop.tools.settings import Settings
+from kernelloop.tools.settings import SandboxSettings
 
 
 @lru_cache(maxsize=1)
@@ -49,7 +49,7 @@ def gpu_arch() -> str | None:
     return caps[0] if out.returncode == 0 and caps else None
 
 
-def build_environment(settings: Settings) -> dict[str, str]:
+def build_environment(settings: SandboxSettings) -> dict[str, str]:
     """Variables that make load_inline builds work inside the sandbox, GPU or not."""
     env = {"TORCH_CUDA_ARCH_LIST": gpu_arch() or settings.cuda_arch_list}
     if settings.worker_gpus is not None:  # the service pins each job to its lane's GPU (or hides them all)

@@ -12,6 +12,7 @@ import sys
 import traceback
 
 from kernelloop.tools.jobs import WorkerJob, WorkerReply
+from kernelloop.tools.phase_registry import PHASES
 
 
 def main() -> None:
@@ -26,10 +27,10 @@ def main() -> None:
         channel.write(reply.model_dump_json() + "\n")
         channel.flush()
 
-    from kernelloop.tools.phases import PHASES  # imported after the job is read: torch takes seconds to load
+    from kernelloop.tools import phases  # imported after the job is read: torch takes seconds to load
 
     try:
-        result = PHASES[job.phase](job, send)
+        result = getattr(phases, PHASES[job.phase].worker)(job, send)
     except BaseException:  # the harness itself failed: say so rather than vanish
         traceback.print_exc()
         sys.stderr.flush()

@@ -89,7 +89,8 @@ def parse_reply(data: dict[str, Any]) -> ChatReply | LlmFailure:
             message=f"the Messages API answered without content: {json.dumps(data)[:300]}",
             fix="check --model and the base URL",
         )
-    texts, calls = [], []
+    texts: list[str] = []
+    calls: list[ToolCall] = []
     for block in content:
         if not isinstance(block, dict):
             continue

@@ -15,7 +15,7 @@ from kernelloop.agent.llm.anthropic_messages import AnthropicMessagesClient
 from kernelloop.agent.llm.openai_chat import OpenAIChatClient
 from kernelloop.agent.llm.types import ChatClient, LlmFailure
 from kernelloop.agent.models import ApiStyle, LlmConfig
-from kernelloop.tools.settings import Settings
+from kernelloop.agent.settings import AgentSettings
 
 DEFAULT_BASE_URL = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 ENV_BASE_URL = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
@@ -24,13 +24,13 @@ ENV_KEY = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 SETTINGS_KEY_ENV = "KERNELLOOP_LLM_API_KEY"
 
 
-def configured_model(api: ApiStyle, model: str | None, settings: Settings) -> str | None:
+def configured_model(api: ApiStyle, model: str | None, settings: AgentSettings) -> str | None:
     """The model named by the option, KERNELLOOP_LLM_MODEL or OPENAI_MODEL/ANTHROPIC_MODEL, if any."""
     return model or settings.llm_model or os.environ.get(ENV_MODEL[api]) or None
 
 
 def resolve_llm_config(
-    *, api: ApiStyle | None, base_url: str | None, model: str | None, api_key_env: str | None, settings: Settings
+    *, api: ApiStyle | None, base_url: str | None, model: str | None, api_key_env: str | None, settings: AgentSettings
 ) -> LlmConfig | LlmFailure:
     api = api or settings.llm_api
     chosen_model = configured_model(api, model, settings)
@@ -70,7 +70,7 @@ def resolve_llm_config(
     return config
 
 
-def _default_key_env(api: ApiStyle, url: str, settings: Settings) -> str:
+def _default_key_env(api: ApiStyle, url: str, settings: AgentSettings) -> str:
     if settings.llm_api_key is not None:
         return SETTINGS_KEY_ENV
     if "openrouter.ai" in url and os.environ.get("OPENROUTER_API_KEY"):
@@ -78,7 +78,7 @@ def _default_key_env(api: ApiStyle, url: str, settings: Settings) -> str:
     return ENV_KEY[api]
 
 
-def api_key(config: LlmConfig, settings: Settings) -> str | None:
+def api_key(config: LlmConfig, settings: AgentSettings) -> str | None:
     if config.api_key_env == SETTINGS_KEY_ENV and settings.llm_api_key is not None:
         return settings.llm_api_key.get_secret_value()
     return os.environ.get(config.api_key_env) if config.api_key_env else None
@@ -96,7 +96,7 @@ def is_private_url(url: str) -> bool:
     return address.is_loopback or address.is_private
 
 
-def make_chat_client(config: LlmConfig, settings: Settings) -> ChatClient:
+def make_chat_client(config: LlmConfig, settings: AgentSettings) -> ChatClient:
     key = api_key(config, settings)
     hint = f" (${config.api_key_env})" if config.api_key_env else ""
     kind = AnthropicMessagesClient if config.api == "anthropic" else OpenAIChatClient

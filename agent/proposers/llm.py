@@ -24,8 +24,9 @@ from kernelloop.agent.prompt import opening_message
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.tool_summaries import digest_outcome, summarize_outcome
 from kernelloop.contract import ProblemDetail
+from kernelloop.tools.phase_registry import AGENT_TOOLS
 
-TOOLS: dict[str, ToolName] = {"compile_kernel": "compile_kernel", "run_tests": "run_tests", "benchmark": "benchmark"}
+TOOLS: dict[str, ToolName] = {name: name for name in AGENT_TOOLS}
 NO_TOOL_CALL = (
     "Your reply had no tool call. Always answer with one tool call: compile_kernel, run_tests or benchmark, "
     "with your whole Python file as `code`."
@@ -64,6 +65,7 @@ class LlmProposer:
     ):
         assert config.llm is not None
         self.config, self.client, self.problem, self.tools = config, client, problem, tools
+        self.context_chars = config.llm.context_chars
         self.system = ChatMessage(role="system", content=system_prompt)
         self.name = f"llm:{config.llm.model}"
         self.transcript_dir = transcript_dir
@@ -95,7 +97,7 @@ class LlmProposer:
                         reason=f"the model sent {limit} unusable tool calls in a row (last: "
                         f"{proposal}); use a model that follows the tool schema",
                     )
-            memory.conversation.compact(self.config.llm.context_chars)  # type: ignore[union-attr]
+            memory.conversation.compact(self.context_chars)
             reply = await self.client.complete(memory.conversation.messages(), self.tools)
             if isinstance(reply, LlmFailure):
                 return ProposerDone(failed=True, reason=f"the language model could not be used: {reply}")
@@ -158,7 +160,7 @@ class LlmProposer:
     def _memory(self, trajectory: int, view: LoopView) -> TrajectoryMemory:
         if trajectory not in self.memories:
             digest = self._resumed_digests.pop(trajectory, [])
-            opening = opening_message(self.problem, self.config.backend, view.best_code, view.best_speedup, [])
+            opening = opening_message(self.problem, self.config.chosen_backend, view.best_code, view.best_speedup, [])
             conversation = Conversation(
                 system=self.system, opening=ChatMessage(role="user", content=opening), digest=digest
             )
@@ -199,7 +201,7 @@ class LlmProposer:
             f"#{view.best_attempt_id}{speed}). The loop has returned to that kernel; the conversation restarts "
             "from it."
         )
-        opening = opening_message(self.problem, self.config.backend, view.best_code, view.best_speedup, [])
+        opening = opening_message(self.problem, self.config.chosen_backend, view.best_code, view.best_speedup, [])
         message = ChatMessage(role="user", content=note + "\n\n" + opening)
         memory.conversation.restart(message)
         memory.log.append(message)

@@ -1,7 +1,7 @@
 """Replay a recorded transcript's tool calls, in order, as proposals: for demos and tests.
 
 Two formats are read:
-- the text transcripts agents leave (`shared/seed/agent_transcript.txt`): free text, and for each call a
+- the text transcripts agents leave (`agent/transcripts/seed_causal_conv1d.txt`): free text, and for each call a
   line `call → NAME`, optionally the line `callNAME`, then the arguments as one JSON object;
 - a JSON list of chat messages in OpenAI's shape (or {"messages": [...]}), such as the transcript the llm
   proposer saves: the assistant messages' tool_calls are replayed.
@@ -20,13 +20,9 @@ from pydantic import BaseModel
 
 from kernelloop.agent.models import Outcome, Proposal, ProposerDone, ToolName
 from kernelloop.agent.proposers.base import LoopView
+from kernelloop.tools.phase_registry import TOOLS
 
-TOOL_NAMES: dict[str, ToolName] = {
-    "compile_kernel": "compile_kernel",
-    "run_tests": "run_tests",
-    "benchmark": "benchmark",
-    "evaluate": "evaluate",
-}
+TOOL_NAMES: dict[str, ToolName] = {name: name for name in TOOLS}
 CALL_LINE = re.compile(r"^call\s*(?:→|->)\s*(?P<name>[A-Za-z_][\w.-]*)\s*$", re.MULTILINE)
 
 
@@ -54,7 +50,7 @@ def parse_transcript(text: str, source: str = "<transcript>") -> list[RecordedCa
 
 
 def _calls_from_text(text: str, source: str) -> list[RecordedCall]:
-    calls = []
+    calls: list[RecordedCall] = []
     decoder = json.JSONDecoder()
     for match in CALL_LINE.finditer(text):
         name = match.group("name")
@@ -83,7 +79,7 @@ def _calls_from_messages(data: Any, source: str) -> list[RecordedCall]:
     messages = data.get("messages") if isinstance(data, dict) else data
     if not isinstance(messages, list):
         raise TranscriptError(f'{source}: a JSON transcript is a list of chat messages or {{"messages": [...]}}')
-    calls = []
+    calls: list[RecordedCall] = []
     for message in messages:
         if not isinstance(message, dict) or message.get("role") != "assistant":
             continue

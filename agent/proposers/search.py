@@ -97,11 +97,11 @@ class SearchProposer:
         self.templates = (
             templates
             if templates is not None
-            else discover_templates(config.problem, config.backend, self.template_errors)
+            else discover_templates(config.problem, config.chosen_backend, self.template_errors)
         )
         self.by_name = {t.name: t for t in self.templates}
         self.baseline = (
-            baseline if baseline is not None else baseline_kernel(config.problem, config.backend, self.templates)
+            baseline if baseline is not None else baseline_kernel(config.problem, config.chosen_backend, self.templates)
         )
         self.searchable = [t for t in self.templates if not t.baseline]
         self.search_state = SearchState.model_validate(state) if state else SearchState()
@@ -113,8 +113,8 @@ class SearchProposer:
     @classmethod
     def unavailable_reason(cls, config: AgentRunConfig) -> str | None:
         """Why the search cannot run on this problem and backend, or None."""
-        templates = discover_templates(config.problem, config.backend)
-        if not templates and baseline_kernel(config.problem, config.backend, templates) is None:
+        templates = discover_templates(config.problem, config.chosen_backend)
+        if not templates and baseline_kernel(config.problem, config.chosen_backend, templates) is None:
             return (
                 f"the search has nothing to start from: {config.problem} ships no kernel templates and no "
                 f"example_{config.backend}.py for the {config.backend} backend; add templates under "

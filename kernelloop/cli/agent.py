@@ -22,17 +22,17 @@ from kernelloop.agent.models import AgentRunConfig, RunSummary
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, resume_run, start_run
 from kernelloop.agent.service_client import ServiceClient
-from kernelloop.tools.settings import Settings
+from kernelloop.agent.settings import AgentSettings
+from kernelloop.server.settings import ServiceSettings
 
 DEFAULT_ITERATIONS = 10
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    overrides = {"data_dir": Path(args.data_dir)} if args.data_dir else {}
-    return Settings(**overrides)
+def _settings(args: argparse.Namespace) -> AgentSettings:
+    return AgentSettings(data_dir=Path(args.data_dir)) if args.data_dir else AgentSettings()
 
 
-def _config(args: argparse.Namespace, settings: Settings) -> AgentRunConfig | str:
+def _config(args: argparse.Namespace, settings: AgentSettings) -> AgentRunConfig | str:
     api = args.api or settings.llm_api
     proposer = args.proposer or ("llm" if configured_model(api, args.model, settings) else "search")
     llm = None
@@ -62,7 +62,7 @@ def _config(args: argparse.Namespace, settings: Settings) -> AgentRunConfig | st
         return f"bad options: {exc}"
 
 
-def _with_service(args: argparse.Namespace, settings: Settings, progress: Progress, work) -> int:  # type: ignore[no-untyped-def]
+def _with_service(args: argparse.Namespace, settings: AgentSettings, progress: Progress, work) -> int:
     """Run `work(client, service_is_local)` against --server or an embedded service; the outcome as an exit code."""
     try:
         return _serve_and_work(args, settings, progress, work)
@@ -71,12 +71,12 @@ def _with_service(args: argparse.Namespace, settings: Settings, progress: Progre
         return 130
 
 
-def _serve_and_work(args: argparse.Namespace, settings: Settings, progress: Progress, work) -> int:  # type: ignore[no-untyped-def]
+def _serve_and_work(args: argparse.Namespace, settings: AgentSettings, progress: Progress, work) -> int:
     server = args.server or settings.server_url
     with ExitStack() as stack:
         if server is None:
             try:
-                embedded = stack.enter_context(EmbeddedService(settings))
+                embedded = stack.enter_context(EmbeddedService(ServiceSettings(data_dir=settings.data_dir)))
             except EmbeddedServiceError as exc:
                 print(f"kernelloop agent: {exc}", file=sys.stderr)
                 return 2
@@ -167,7 +167,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the run's summary as JSON (progress goes to stderr)")
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     agent = subparsers.add_parser("agent", help="the optimization loop: propose kernels, evaluate, keep the best")
     sub = agent.add_subparsers(dest="agent_command", required=True)
 

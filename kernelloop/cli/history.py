@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -24,12 +24,12 @@ from kernelloop.storage.models import Run
 T = TypeVar("T", bound=BaseModel)
 
 
-def _open(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _open(args: argparse.Namespace):
     return open_database(service_settings(args).resolved_database_url, create=False)
 
 
-def _print_json(value: BaseModel | list[BaseModel]) -> None:
-    if isinstance(value, list):
+def _print_json(value: BaseModel | Sequence[BaseModel]) -> None:
+    if not isinstance(value, BaseModel):
         print(json.dumps([v.model_dump(mode="json") for v in value], indent=2))
     else:
         print(value.model_dump_json(indent=2))
@@ -176,7 +176,7 @@ def _history_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _guarded(handler):  # type: ignore[no-untyped-def]
+def _guarded(handler):
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
@@ -186,7 +186,7 @@ def _guarded(handler):  # type: ignore[no-untyped-def]
     return run
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     hist = subparsers.add_parser("history", help="what was tried: runs, attempts, one attempt, the best")
     sub = hist.add_subparsers(dest="history_command", required=True)
 

@@ -39,7 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="run the HTTP service (tools API, job queue, history)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1; another needs KERNELLOOP_API_TOKEN)")
     serve.add_argument("--port", type=int, help="default 8000")

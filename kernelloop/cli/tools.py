@@ -9,10 +9,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from kernelloop.tools.api import benchmark, compile_kernel, default_backend, run_tests
+from kernelloop.tools.api import benchmark, default_backend, run_phase, run_tests
 from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.phase_registry import PHASES
 from kernelloop.tools.problems import PROBLEMS_DIR, ProblemError, load_problem
-from kernelloop.tools.results import BenchmarkResult, CompileResult, PhaseResult, Status, TestResult
+from kernelloop.tools.results import (
+    BenchmarkResult,
+    CompileResult,
+    PhaseResult,
+    Status,
+    TestResult,
+    Timing,
+    compile_part,
+)
 
 
 def _format_compile(result: CompileResult) -> list[str]:
@@ -47,9 +56,13 @@ def _format_benchmark(result: BenchmarkResult) -> list[str]:
     for s in result.shapes:
         def f(v: float | None, fmt: str) -> str:
             return format(v, fmt) if v is not None else "-"
+
+        def ms(timing: Timing | None) -> str:
+            return f(timing.median_ms if timing is not None else None, ".4f")
+
         lines.append(
-            f"{s.shape:34} {f(s.candidate and s.candidate.median_ms, '.4f'):>10} {f(s.reference and s.reference.median_ms, '.4f'):>10} "
-            f"{f(s.speedup, '.3f'):>8} {f(s.compiled_reference and s.compiled_reference.median_ms, '.4f'):>10} "
+            f"{s.shape:34} {ms(s.candidate):>10} {ms(s.reference):>10} "
+            f"{f(s.speedup, '.3f'):>8} {ms(s.compiled_reference):>10} "
             f"{f(s.tflops, '.3g'):>8} {f(s.gbps, '.4g'):>8} {f(s.floor_ms, '.4f'):>9} {f(s.fraction_of_floor, '.1%'):>8} "
             f"{s.candidate.n if s.candidate else 0:>5}  {s.status.value} {s.message[:60]}")
     if result.geomean_speedup:
@@ -62,7 +75,7 @@ def format_result(result: PhaseResult) -> str:
     lines = [f"{result.problem} on {result.backend} ({result.device or 'no device'}): {result.status.value.upper()}"]
     if result.message:
         lines.append(f"  {result.message}")
-    compiled = result if isinstance(result, CompileResult) else getattr(result, "compile", None)
+    compiled = compile_part(result)
     if compiled is not None:
         lines += _format_compile(compiled)
     if isinstance(result, TestResult):
@@ -88,8 +101,7 @@ def _run_tool(args: argparse.Namespace) -> int:
         return 2
     options = EvalOptions(shapes=args.shapes, seeds=args.seeds, compare_torch_compile=args.torch_compile,
                           time_budget_s=args.time_budget, timeout_s=args.timeout)
-    tool = {"compile": compile_kernel, "test": run_tests, "bench": benchmark}[args.command]
-    result = tool(problem, path.read_text(), args.backend or default_backend(), options)
+    result = run_phase(args.phase, problem, path.read_text(), args.backend or default_backend(), options)
     print(result.model_dump_json(indent=2) if args.json else format_result(result))
     return 0 if result.status == Status.passed else 1
 
@@ -109,10 +121,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0 if timed.status == Status.passed else 1
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    for name, what in (("compile", "build and import a submission"), ("test", "check it against the reference"),
-                       ("bench", "time it against the reference")):
-        p = sub.add_parser(name, help=what)
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    for phase in PHASES.values():
+        p = sub.add_parser(phase.command, help=phase.summary)
         p.add_argument("file", help="Python file defining ModelNew (KernelBench format)")
         p.add_argument("--problem", required=True, help="shipped problem name (e.g. causal_conv1d) or a problem file")
         p.add_argument("--backend", choices=["cuda", "cpu"], help="default: cuda if a GPU is visible, else cpu")
@@ -122,7 +133,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
         p.add_argument("--torch-compile", action="store_true", help="also time torch.compile(Model) (bench)")
         p.add_argument("--time-budget", type=float, default=2.0, help="seconds of timing per shape (bench)")
         p.add_argument("--timeout", type=float, help="wall-clock limit of the worker, seconds")
-        p.set_defaults(handler=_run_tool)
+        p.set_defaults(handler=_run_tool, phase=phase.name)
     demo = sub.add_parser("demo", help="test and time the shipped example kernel (GPU if present, else CPU)")
     demo.add_argument("--backend", choices=["cuda", "cpu"])
     demo.set_defaults(handler=_run_demo)

@@ -1,4 +1,4 @@
-"""The seed agent transcript's naive kernel (shared/seed/agent_transcript.txt), indentation restored:
+"""The seed agent transcript's naive kernel (agent/transcripts/seed_causal_conv1d.txt), indentation restored:
 one thread per output element. The shipped example for the cuda backend."""
 
 import math

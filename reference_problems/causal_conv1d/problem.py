@@ -1,7 +1,7 @@
 """Dense causal conv1d: left-pad by (K-1)*dilation, then nn.Conv1d. float32, NCW layout.
 
 A KernelBench-format file (Model, get_inputs, get_init_inputs) with kernelloop's metadata below.
-Benchmark shapes are the five of shared/anchors/h200-causal-conv1d.md.
+Benchmark shapes are five sizes of a long-sequence conv1d layer (docs/performance.md times them on the H200).
 """
 
 import torch
@@ -49,7 +49,7 @@ SHAPES = [
     _shape("short_l", 2, 8, 12, 7, 4, 10),  # L=10 < (K-1)*d=24: every output sees padding
     _shape("batch1", 1, 64, 64, 3, 2, 4099),
     _shape("wide", 1, 256, 256, 4, 1, 2048, backends=("cuda",)),
-    # benchmark: shared/anchors/h200-causal-conv1d.md, checked too on the GPU
+    # benchmark (the five of docs/performance.md), checked too on the GPU
     _shape("b16_c64_o128_k3_d1_l65536", 16, 64, 128, 3, 1, 65536, correctness=True, benchmark=True, backends=("cuda",)),
     _shape("b16_c64_o64_k3_d4_l32768", 16, 64, 64, 3, 4, 32768, correctness=True, benchmark=True, backends=("cuda",)),
     _shape("b8_c256_o256_k4_d1_l8192", 8, 256, 256, 4, 1, 8192, correctness=True, benchmark=True, backends=("cuda",)),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from sqlmodel import Session
@@ -29,7 +29,7 @@ from kernelloop.tools.results import Backend
 
 router = APIRouter(prefix="/v1", tags=["history"])
 
-MUTATION_ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 429)}
+MUTATION_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 429)}
 
 
 def _run(session: Session, run_id: int) -> Run:
@@ -84,10 +84,10 @@ def list_attempts(session: SessionDep, f: Annotated[AttemptFilter, Query()]) -> 
 @router.get("/attempts/{attempt_id}", response_model=AttemptDetail, responses={404: {"model": ErrorBody}})
 def get_attempt(attempt_id: AttemptId, session: SessionDep) -> AttemptDetail:
     """One attempt: its code and every evaluation with the full result and log."""
+    _attempt(session, attempt_id, "path.attempt_id")
     detail = history.attempt_detail(session, attempt_id)
-    if detail is None:
-        _attempt(session, attempt_id, "path.attempt_id")
-    return detail  # type: ignore[return-value]
+    assert detail is not None  # the attempt exists
+    return detail
 
 
 @router.get("/attempts/{attempt_id}/diff", response_model=AttemptDiff, responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
@@ -101,7 +101,9 @@ def diff_attempt(attempt_id: AttemptId, session: SessionDep,
         raise ApiError(422, "no_parent", f"attempt {attempt_id} has no parent to diff against", field="query.against",
                        fix="give ?against=ATTEMPT_ID")
     _attempt(session, base, "query.against")
-    return history.diff_attempts(session, base, attempt_id)  # type: ignore[return-value]
+    diff = history.diff_attempts(session, base, attempt_id)
+    assert diff is not None  # both attempts exist
+    return diff
 
 
 @router.get("/leaderboard", response_model=list[LeaderboardEntry], responses={422: {"model": ErrorBody}})

@@ -40,7 +40,7 @@ def _health(service: Service) -> Health:
     for lane in service.scheduler.lanes:
         lanes[lane.kind] = lanes.get(lane.kind, 0) + 1
     return Health(status="ok", version=package_version(), schema_version=SCHEMA_VERSION,
-                  database=describe_url(str(service.engine.url)), isolation=available_isolation(service.settings.isolation),
+                  database=describe_url(str(service.engine.url)), isolation=available_isolation(service.settings.sandbox.isolation),
                   auth="token" if service.settings.api_token else "none", default_backend=service.default_backend,
                   lanes=lanes, queue=QueueDepth(**depth), problems=names,
                   uptime_s=round(time.monotonic() - service.started, 1))

@@ -21,7 +21,7 @@ ProblemName = Annotated[str, Path(max_length=200, description="a problem name, e
 @router.get("/problems", response_model=list[ProblemSummary])
 def list_problems(session: SessionDep) -> list[ProblemSummary]:
     """Every problem the service knows: the shipped ones and those registered over HTTP."""
-    return [problems.summary(problems.get_problem(session, name)) for name in problems.problem_names(session)]  # type: ignore[arg-type]
+    return [problems.summary(row) for row in problems.all_problems(session)]
 
 
 @router.get("/problems/{name}", response_model=ProblemDetail, responses={404: {"model": ErrorBody}})

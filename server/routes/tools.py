@@ -1,9 +1,10 @@
-"""POST /v1/compile, /v1/test, /v1/benchmark and /v1/evaluate: record an attempt, queue its job, and by
-default wait for the verdict (200); with wait=false, or past the wait bound, answer 202 with the job."""
+"""POST /v1/compile, /v1/test, /v1/benchmark and /v1/evaluate (one per tool of the phase registry): record an
+attempt, queue its job, and by default wait for the verdict (200); with wait=false, or past the wait bound, answer 202 with the job."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
@@ -11,12 +12,12 @@ from fastapi.concurrency import run_in_threadpool
 from kernelloop.contract import TERMINAL_JOB_STATUSES, ErrorBody, JobPublic, SubmissionRequest
 from kernelloop.server.auth import MutationGuard
 from kernelloop.server.routes.deps import ServiceDep
-from kernelloop.tools.phase_registry import JobPhase
+from kernelloop.tools.phase_registry import TOOLS, JobPhase, ToolSpec
 
 router = APIRouter(prefix="/v1", tags=["tools"])
 
-ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 429)}
-RESPONSES = {200: {"description": "the job finished (or failed): `results` has one verdict per step"},
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 429)}
+RESPONSES: dict[int | str, dict[str, Any]] = {200: {"description": "the job finished (or failed): `results` has one verdict per step"},
              202: {"model": JobPublic, "description": "the job is queued or running: poll `links.self` or stream `links.events`"},
              **ERRORS}
 
@@ -36,29 +37,16 @@ async def _submit(service: ServiceDep, phase: JobPhase, body: SubmissionRequest,
     return job
 
 
-@router.post("/compile", response_model=JobPublic, responses=RESPONSES, summary="compile_kernel")
-async def compile_kernel(body: SubmissionRequest, service: ServiceDep, client: MutationGuard, response: Response,
-                         wait: Wait = True, timeout_s: Timeout = None) -> JobPublic:
-    """Build and import the kernel, and instantiate ModelNew for every shape."""
-    return await _submit(service, "compile", body, client, wait, timeout_s, response)
-
-
-@router.post("/test", response_model=JobPublic, responses=RESPONSES, summary="run_tests")
-async def run_tests(body: SubmissionRequest, service: ServiceDep, client: MutationGuard, response: Response,
+def _tool_route(tool: ToolSpec) -> Callable[..., Awaitable[JobPublic]]:
+    async def route(body: SubmissionRequest, service: ServiceDep, client: MutationGuard, response: Response,
                     wait: Wait = True, timeout_s: Timeout = None) -> JobPublic:
-    """Compile, then check ModelNew against the float64 truth on every correctness shape."""
-    return await _submit(service, "test", body, client, wait, timeout_s, response)
+        return await _submit(service, tool.phase, body, client, wait, timeout_s, response)
+
+    route.__name__ = tool.name
+    route.__doc__ = tool.summary
+    return route
 
 
-@router.post("/benchmark", response_model=JobPublic, responses=RESPONSES, summary="benchmark")
-async def benchmark(body: SubmissionRequest, service: ServiceDep, client: MutationGuard, response: Response,
-                    wait: Wait = True, timeout_s: Timeout = None) -> JobPublic:
-    """Compile, then time ModelNew against the reference on every benchmark shape."""
-    return await _submit(service, "benchmark", body, client, wait, timeout_s, response)
-
-
-@router.post("/evaluate", response_model=JobPublic, responses=RESPONSES, summary="evaluate")
-async def evaluate(body: SubmissionRequest, service: ServiceDep, client: MutationGuard, response: Response,
-                   wait: Wait = True, timeout_s: Timeout = None) -> JobPublic:
-    """Compile, test and benchmark, stopping at the first step that does not pass."""
-    return await _submit(service, "evaluate", body, client, wait, timeout_s, response)
+for _tool in TOOLS.values():
+    router.add_api_route(_tool.endpoint.removeprefix(router.prefix), _tool_route(_tool), methods=["POST"],
+                         response_model=JobPublic, responses=RESPONSES, summary=_tool.name)

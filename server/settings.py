@@ -1,0 +1,57 @@
+"""The service's settings: the database, the token, the lanes and the limits it puts on clients.
+
+Same KERNELLOOP_ variables and .env as the other layers. The sandbox's settings are read separately
+(`sandbox`), so the token never travels with them into the tools layer.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kernelloop.tools.settings import ENV_FILE, ENV_PREFIX, SandboxSettings
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=ENV_FILE, extra="ignore")
+
+    data_dir: Path = Field(Path(".kernelloop"), description="database, build cache and job folders live here")
+    database_url: str | None = Field(
+        None, description="any SQLAlchemy URL; default: SQLite file kernelloop.sqlite3 inside data_dir"
+    )
+    problems_dir: Path = Field(
+        Path(".kernelloop-problems"),
+        description="problems registered over HTTP; outside data_dir because sandboxed workers import them",
+    )
+    api_token: SecretStr | None = Field(
+        None, description="bearer token for every state-changing call; without one the service is loopback-only"
+    )
+    host: str = Field("127.0.0.1", description="address `kernelloop serve` listens on")
+    port: int = Field(8000, ge=1, le=65535)
+    cpu_workers: int | None = Field(None, ge=1, description="parallel CPU jobs (builds, cpu backend); default: cores")
+    gpus: str | None = Field(None, description="GPU indices given a job lane, e.g. '0,1'; default: every visible GPU")
+    max_code_bytes: int = Field(1 << 20, description="largest submitted source, UTF-8 bytes")
+    max_problem_bytes: int = Field(256 << 10, description="largest registered problem file, UTF-8 bytes")
+    max_body_bytes: int = Field(4 << 20, description="largest request body")
+    rate_limit_per_minute: int = Field(120, ge=0, description="state-changing requests per client per minute; 0: off")
+    max_wait_s: float = Field(600.0, gt=0, description="longest a waiting tool call blocks before answering 202")
+    max_job_interruptions: int = Field(3, ge=1, description="restarts a job survives before it is marked failed")
+    problem_check_timeout_s: float = Field(120.0, gt=0, description="sandboxed check of a registered problem")
+
+    @field_validator("api_token")
+    @classmethod
+    def _blank_token_is_none(cls, token: SecretStr | None) -> SecretStr | None:
+        """KERNELLOOP_API_TOKEN= (empty) means no token, as everywhere it is reported."""
+        return token if token is not None and token.get_secret_value().strip() else None
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'kernelloop.sqlite3'}"
+
+    @cached_property
+    def sandbox(self) -> SandboxSettings:
+        """The sandbox's settings, read from the same environment, in the same data folder."""
+        return SandboxSettings(data_dir=self.data_dir)
