@@ -1,4 +1,4 @@
-"""Shared fixtures for the evaluation-core tests.
+"""Shared fixtures and helpers for the tests (test files import the plain names, e.g. `from conftest import REPO`).
 
 One C++ helper extension is built once per session, in the test process, with every misbehaviour a
 test needs (a correct causal conv1d, an off-by-one one, NaN, segfault, hang, input mutation, an
@@ -9,12 +9,16 @@ build costs 15-25 s on a 2-core machine, so one build serves every status test.
 Everything a session writes lives in one folder outside /tmp (the sandbox may give workers a private
 /tmp) and is removed at the end; its `data` folder is the tools' data dir, so the build cache starts
 empty and the sandbox's hiding of the data dir is exercised on a real path.
+
+Tests that run the `kernelloop` command to completion do it through `run_kernelloop`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import textwrap
 from dataclasses import dataclass
@@ -22,10 +26,15 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.tools.settings import Settings
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import load_problem
+from kernelloop.tools.settings import SandboxSettings
 
 REPO = Path(__file__).resolve().parent.parent
 SUBMISSIONS = Path(__file__).resolve().parent / "submissions"
+KERNELLOOP_COMMAND = [sys.executable, "-m", "kernelloop"]
+PROBLEM = "causal_conv1d"
+ONE_CHECK = EvalOptions(shapes=["small"], seeds=1)  # enough to show a failure; keeps each job ~2 s
 HELPER_NAME = "kernelloop_test_helpers"
 
 # Every function takes (x, w, bias or None, dilation) like the reference's causal conv1d and returns y.
@@ -136,7 +145,7 @@ class ModelNew(nn.Module):
 @dataclass
 class Session:
     root: Path
-    settings: Settings
+    settings: SandboxSettings
     helper_dir: Path
 
     def helper_candidate(self, function: str, *, prelude: str = "", forward_prelude: str = "") -> str:
@@ -151,6 +160,17 @@ def line_of(source: str, marker: str) -> int:
     lines = [n for n, text in enumerate(source.splitlines(), start=1) if marker in text]
     assert len(lines) == 1, f"{marker!r} is on lines {lines}"
     return lines[0]
+
+
+def cpu_correctness_shapes() -> list[str]:
+    return [s.name for s in load_problem(PROBLEM).correctness_shapes("cpu")]
+
+
+def run_kernelloop(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+                   timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `kernelloop ARGS` to completion, its output captured as text; env and cwd None mean this process's."""
+    return subprocess.run([*KERNELLOOP_COMMAND, *args], env=env, cwd=cwd, timeout=timeout, capture_output=True,
+                          text=True)
 
 
 def _session_root() -> Path:
@@ -171,13 +191,13 @@ def session_root():
 @dataclass
 class Workspace:
     root: Path
-    settings: Settings
+    settings: SandboxSettings
 
 
 @pytest.fixture(scope="session")
 def workspace(session_root: Path) -> Workspace:
     """A fresh data dir for the session: the build cache starts empty."""
-    return Workspace(root=session_root, settings=Settings(data_dir=session_root / "data"))
+    return Workspace(root=session_root, settings=SandboxSettings(data_dir=session_root / "data"))
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A scripted OpenAI-compatible chat-completions server on loopback, for tests and offline demos.
+"""A scripted OpenAI-compatible chat-completions server on loopback, for the agent tests.
 
 It is a real HTTP server (POST /v1/chat/completions, GET /v1/models, and Anthropic's POST /v1/messages
 from the same script) that answers each request with the

@@ -14,13 +14,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+from conftest import KERNELLOOP_COMMAND
 
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemSpec, load_problem
@@ -110,7 +110,7 @@ class ServiceProcess:
     def start(self, timeout_s: float = 90.0) -> ServiceProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kernelloop", "serve", "--port", str(self.port), "--db", str(self.db)],
+                [*KERNELLOOP_COMMAND, "serve", "--port", str(self.port), "--db", str(self.db)],
                 cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

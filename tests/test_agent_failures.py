@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import KERNELLOOP_COMMAND, run_kernelloop
+from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from server_fixtures import python_conv
 from sqlmodel import Session
 
@@ -28,33 +29,32 @@ from kernelloop.agent.embedded import EmbeddedService
 from kernelloop.agent.models import AgentRunConfig, LlmConfig, RunSummary
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, start_run
-from kernelloop.agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.settings import AgentSettings
 from kernelloop.contract import AttemptFilter
+from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history
 from kernelloop.storage.database import open_database
 from kernelloop.storage.models import Run
-from kernelloop.tools.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
-KERNELLOOP = [sys.executable, "-m", "kernelloop"]
 PROBLEM = "causal_conv1d"
 
 NO_MODEL_NEW = "import torch\n\nclass Model:\n    pass\n"
 
 
 @pytest.fixture(scope="module")
-def settings(session_root: Path) -> Settings:
-    return Settings(data_dir=session_root / "agent-data", problems_dir=session_root / "agent-problems")
+def settings(session_root: Path) -> ServiceSettings:
+    return ServiceSettings(data_dir=session_root / "agent-data", problems_dir=session_root / "agent-problems")
 
 
 @pytest.fixture(scope="module")
-def service(settings: Settings) -> Iterator[EmbeddedService]:
+def service(settings: ServiceSettings) -> Iterator[EmbeddedService]:
     with EmbeddedService(settings) as embedded:
         yield embedded
 
 
-def _env(settings: Settings, **extra: str) -> dict[str, str]:
+def _env(settings: ServiceSettings, **extra: str) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("KERNELLOOP_", "OPENAI_", "ANTHROPIC_", "OPENROUTER_"))
     }
@@ -68,15 +68,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(url: str, settings: Settings, config: AgentRunConfig, retries: int = 4) -> RunSummary | RunRefused:
+def _run(url: str, settings: ServiceSettings, config: AgentRunConfig, retries: int = 4) -> RunSummary | RunRefused:
     async def main() -> RunSummary | RunRefused:
         async with ServiceClient(url, retries=retries) as client:
-            return await start_run(config, client, settings, Progress(), service_is_local=True)
+            return await start_run(
+                config, client, AgentSettings(data_dir=settings.data_dir), Progress(), service_is_local=True
+            )
 
     return asyncio.run(main())
 
 
-def _run_row(settings: Settings, run_id: int) -> tuple[Run, list[Any]]:
+def _run_row(settings: ServiceSettings, run_id: int) -> tuple[Run, list[Any]]:
     engine = open_database(settings.resolved_database_url, create=False)
     with Session(engine) as session:
         run = session.get(Run, run_id)
@@ -92,47 +94,33 @@ def _llm(url: str) -> LlmConfig:
 # ------------------------------------------------------------------------------------ refused at once
 
 
-def test_no_api_key_for_a_hosted_model_is_refused_before_anything_runs(settings: Settings) -> None:
-    done = subprocess.run(
-        [
-            *KERNELLOOP,
-            "agent",
-            "run",
-            "--problem",
-            PROBLEM,
-            "--proposer",
-            "llm",
-            "--model",
-            "gpt-x",
-            "--base-url",
-            "https://api.example.com/v1",
-        ],
+def test_no_api_key_for_a_hosted_model_is_refused_before_anything_runs(settings: ServiceSettings) -> None:
+    done = run_kernelloop(
+        "agent",
+        "run",
+        "--problem",
+        PROBLEM,
+        "--proposer",
+        "llm",
+        "--model",
+        "gpt-x",
+        "--base-url",
+        "https://api.example.com/v1",
         cwd=REPO,
         env=_env(settings),
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert done.returncode == 2
     assert "no API key for https://api.example.com/v1" in done.stderr and "export OPENAI_API_KEY" in done.stderr
-    no_model = subprocess.run(
-        [*KERNELLOOP, "agent", "run", "--problem", PROBLEM, "--proposer", "llm"],
-        cwd=REPO,
-        env=_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    no_model = run_kernelloop(
+        "agent", "run", "--problem", PROBLEM, "--proposer", "llm", cwd=REPO, env=_env(settings), timeout=120
     )
     assert no_model.returncode == 2 and "no model is configured" in no_model.stderr and "--model" in no_model.stderr
 
 
-def test_unknown_problem_is_refused_with_the_known_ones(settings: Settings, service: EmbeddedService) -> None:
-    done = subprocess.run(
-        [*KERNELLOOP, "agent", "run", "--problem", "no_such_problem", "--server", service.url],
-        cwd=REPO,
-        env=_env(settings),
-        capture_output=True,
-        text=True,
+def test_unknown_problem_is_refused_with_the_known_ones(settings: ServiceSettings, service: EmbeddedService) -> None:
+    done = run_kernelloop(
+        "agent", "run", "--problem", "no_such_problem", "--server", service.url, cwd=REPO, env=_env(settings),
         timeout=120,
     )
     assert done.returncode == 2
@@ -142,7 +130,7 @@ def test_unknown_problem_is_refused_with_the_known_ones(settings: Settings, serv
 # ---------------------------------------------------------------------------- ended with a message
 
 
-def test_unreachable_model_ends_the_run_with_what_to_do(settings: Settings, service: EmbeddedService) -> None:
+def test_unreachable_model_ends_the_run_with_what_to_do(settings: ServiceSettings, service: EmbeddedService) -> None:
     config = AgentRunConfig(
         problem=PROBLEM, backend="cpu", proposer="llm", iterations=3, llm=_llm(f"http://127.0.0.1:{_free_port()}/v1")
     )
@@ -153,7 +141,7 @@ def test_unreachable_model_ends_the_run_with_what_to_do(settings: Settings, serv
     assert run.status == "failed" and "unreachable" in (run.notes or "") and attempts == []
 
 
-def test_model_that_never_calls_a_tool_ends_its_trajectory(settings: Settings, service: EmbeddedService) -> None:
+def test_model_that_never_calls_a_tool_ends_its_trajectory(settings: ServiceSettings, service: EmbeddedService) -> None:
     with ScriptedChatServer([ScriptedReply(content="Here is my plan: ...")] * 5) as llm:
         config = AgentRunConfig(problem=PROBLEM, backend="cpu", proposer="llm", iterations=3, llm=_llm(llm.base_url))
         summary = _run(service.url, settings, config)
@@ -165,11 +153,11 @@ def test_model_that_never_calls_a_tool_ends_its_trajectory(settings: Settings, s
     assert run.status == "failed" and attempts == []
 
 
-def test_service_going_away_mid_run_keeps_what_was_recorded(settings: Settings, tmp_path: Path) -> None:
+def test_service_going_away_mid_run_keeps_what_was_recorded(settings: ServiceSettings, tmp_path: Path) -> None:
     port = _free_port()
     db = settings.data_dir / "agent-going-away.sqlite3"
     env = _env(settings)
-    serve = [*KERNELLOOP, "serve", "--port", str(port), "--db", str(db), "--cpu-workers", "1"]
+    serve = [*KERNELLOOP_COMMAND, "serve", "--port", str(port), "--db", str(db), "--cpu-workers", "1"]
     server = subprocess.Popen(serve, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -234,7 +222,9 @@ def _transcript(path: Path) -> Path:
                         "type": "function",
                         "function": {
                             "name": tool,
-                            "arguments": json.dumps({"problem": PROBLEM, "code": python_conv(prelude=f"# variant {variant}")}),
+                            "arguments": json.dumps(
+                                {"problem": PROBLEM, "code": python_conv(prelude=f"# variant {variant}")}
+                            ),
                         },
                     }
                 ],
@@ -245,12 +235,12 @@ def _transcript(path: Path) -> Path:
     return path
 
 
-def test_ctrl_c_marks_the_run_interrupted_and_resume_continues_it(settings: Settings, tmp_path: Path) -> None:
+def test_ctrl_c_marks_the_run_interrupted_and_resume_continues_it(settings: ServiceSettings, tmp_path: Path) -> None:
     transcript = _transcript(tmp_path / "recorded.json")
     env = _env(settings)
     agent = subprocess.Popen(
         [
-            *KERNELLOOP,
+            *KERNELLOOP_COMMAND,
             "agent",
             "run",
             "--problem",
@@ -290,14 +280,7 @@ def test_ctrl_c_marks_the_run_interrupted_and_resume_continues_it(settings: Sett
     assert run.status == "interrupted" and run.meta["agent"]["steps"] == 2
     assert [a.step for a in attempts] == [1, 2] and attempts[0].correct
 
-    resumed = subprocess.run(
-        [*KERNELLOOP, "agent", "resume", str(run_id), "--json"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    resumed = run_kernelloop("agent", "resume", str(run_id), "--json", cwd=REPO, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout)
     assert summary["status"] == "finished" and summary["steps"] == 4

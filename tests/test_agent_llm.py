@@ -13,28 +13,29 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from sqlmodel import Session
 
 from kernelloop.agent.embedded import EmbeddedService
 from kernelloop.agent.models import AgentRunConfig, LlmConfig, RunSummary
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, start_run
-from kernelloop.agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.settings import AgentSettings
 from kernelloop.agent.templates import discover_templates
 from kernelloop.contract import AttemptFilter
+from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history
 from kernelloop.storage.database import open_database
 from kernelloop.storage.models import Run
-from kernelloop.tools.settings import Settings
 
 PROBLEM = "causal_conv1d"
 
 
 @pytest.fixture(scope="module")
-def agent_settings(session_root: Path) -> Settings:
+def agent_settings(session_root: Path) -> ServiceSettings:
     """One data folder for every agent test of the session: identical kernels build once."""
-    return Settings(data_dir=session_root / "agent-data", problems_dir=session_root / "agent-problems")
+    return ServiceSettings(data_dir=session_root / "agent-data", problems_dir=session_root / "agent-problems")
 
 
 def kernels() -> dict[str, str]:
@@ -58,16 +59,18 @@ def call(tool: str, code: str, **extra: object) -> ScriptedReply:
     )
 
 
-def summary_of(settings: Settings, config: AgentRunConfig) -> RunSummary | RunRefused:
+def summary_of(settings: ServiceSettings, config: AgentRunConfig) -> RunSummary | RunRefused:
     async def main() -> RunSummary | RunRefused:
         async with ServiceClient(service.url) as client:
-            return await start_run(config, client, settings, Progress(), service_is_local=True)
+            return await start_run(
+                config, client, AgentSettings(data_dir=settings.data_dir), Progress(), service_is_local=True
+            )
 
     with EmbeddedService(settings) as service:
         return asyncio.run(main())
 
 
-def test_scripted_model_drives_a_whole_cpu_run(agent_settings: Settings) -> None:
+def test_scripted_model_drives_a_whole_cpu_run(agent_settings: ServiceSettings) -> None:
     k = kernels()
     broken_line = next(i for i, line in enumerate(k["broken"].splitlines(), 1) if "* dilation;" in line)
     script = [

@@ -12,10 +12,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_kernelloop
 from sqlmodel import Session
 
 from kernelloop.agent.embedded import EmbeddedService
@@ -23,27 +23,30 @@ from kernelloop.agent.models import AgentRunConfig, RunSummary
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, start_run
 from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.settings import AgentSettings
 from kernelloop.contract import AttemptFilter
+from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history
 from kernelloop.storage.database import open_database
 from kernelloop.storage.models import Run
-from kernelloop.tools.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 CI_ITERATIONS = 4
 
 
-def _search(settings: Settings, config: AgentRunConfig) -> RunSummary | RunRefused:
+def _search(settings: ServiceSettings, config: AgentRunConfig) -> RunSummary | RunRefused:
     async def main() -> RunSummary | RunRefused:
         async with ServiceClient(service.url) as client:
-            return await start_run(config, client, settings, Progress(), service_is_local=True)
+            return await start_run(
+                config, client, AgentSettings(data_dir=settings.data_dir), Progress(), service_is_local=True
+            )
 
     with EmbeddedService(settings) as service:
         return asyncio.run(main())
 
 
 def test_search_improves_on_its_baseline_within_a_ci_budget(session_root: Path) -> None:
-    settings = Settings(data_dir=session_root / "agent-data", problems_dir=session_root / "agent-problems")
+    settings = ServiceSettings(data_dir=session_root / "agent-data", problems_dir=session_root / "agent-problems")
     config = AgentRunConfig(problem="causal_conv1d", backend="cpu", proposer="search", iterations=CI_ITERATIONS)
     summary = _search(settings, config)
     assert not isinstance(summary, RunRefused), summary
@@ -77,8 +80,8 @@ def test_search_improves_on_its_baseline_within_a_ci_budget(session_root: Path) 
     assert winner["attempt_id"] == summary.best_attempt_id and winner["template"] == "cpu_blocked"
     assert winner["speedup"] == pytest.approx(summary.best_speedup)
     assert f"PARAMS = {json.dumps(winner['params'])}" in Path(summary.best_path).read_text().replace("'", '"')
-    shown = subprocess.run([sys.executable, "-m", "kernelloop", "history", "run", str(summary.run_id),
-                            "--data-dir", str(settings.data_dir)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    shown = run_kernelloop("history", "run", str(summary.run_id), "--data-dir", str(settings.data_dir), cwd=REPO,
+                           timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert shape in shown.stdout and winner["label"] in shown.stdout and "finished" in shown.stdout
 
@@ -91,31 +94,24 @@ def test_search_on_the_gpu_from_the_naive_baseline(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNELLOOP_", "OPENAI_", "ANTHROPIC_"))}
     env.update(KERNELLOOP_DATA_DIR=str(data_dir), KERNELLOOP_PROBLEMS_DIR=str(tmp_path / "problems"))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kernelloop",
-            "agent",
-            "run",
-            "--problem",
-            "causal_conv1d",
-            "--backend",
-            "cuda",
-            "--iterations",
-            "3",
-            "--json",
-        ],
+    done = run_kernelloop(
+        "agent",
+        "run",
+        "--problem",
+        "causal_conv1d",
+        "--backend",
+        "cuda",
+        "--iterations",
+        "3",
+        "--json",
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=3000,
     )
     print(done.stderr[-6000:])
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
-    engine = open_database(Settings(data_dir=data_dir).resolved_database_url, create=False)
+    engine = open_database(ServiceSettings(data_dir=data_dir).resolved_database_url, create=False)
     with Session(engine) as session:
         attempts = history.list_attempts(session, AttemptFilter(run_id=summary["run_id"], sort="id", order="asc")).items
     assert attempts and "the baseline (example_cuda)" in (attempts[0].rationale or "")

@@ -11,13 +11,13 @@ import pytest
 from kernelloop.agent.templates import discover_templates
 from kernelloop.tools import api
 from kernelloop.tools.results import Status
-from kernelloop.tools.settings import Settings
+from kernelloop.tools.settings import SandboxSettings
 
 PROBLEM = "mamba_causal_conv1d"
 
 
-def _settings(session_root: Path) -> Settings:
-    return Settings(data_dir=session_root / "agent-data", problems_dir=session_root / "agent-problems")
+def _settings(session_root: Path) -> SandboxSettings:
+    return SandboxSettings(data_dir=session_root / "agent-data")
 
 
 def test_mamba_cpu_templates_pass_every_correctness_shape(session_root: Path) -> None:

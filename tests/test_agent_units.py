@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 
 from kernelloop.agent.conversation import Conversation
 from kernelloop.agent.llm.anthropic_messages import AnthropicMessagesClient, to_anthropic_messages
@@ -21,11 +22,10 @@ from kernelloop.agent.progress import Progress
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.proposers.replay import TranscriptError, parse_transcript
 from kernelloop.agent.proposers.search import SearchProposer
-from kernelloop.agent.scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
+from kernelloop.agent.settings import AgentSettings
 from kernelloop.agent.templates import KernelTemplate, TemplateError, discover_templates, load_template, render_params
 from kernelloop.contract import JobPublic
 from kernelloop.tools.results import BenchmarkResult, ShapeBenchmark, Status, TestResult
-from kernelloop.tools.settings import Settings
 
 TOOL = ToolDefinition(
     name="compile_kernel",
@@ -371,7 +371,7 @@ def test_anthropic_adapter_round_trip() -> None:
 def test_llm_configuration_from_options_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OPENAI_API_KEY", "OPENAI_MODEL", "OPENAI_BASE_URL", "KERNELLOOP_LLM_MODEL", "KERNELLOOP_LLM_API_KEY"):
         monkeypatch.delenv(name, raising=False)
-    settings = Settings()
+    settings = AgentSettings()
     local = resolve_llm_config(
         api=None, base_url="http://localhost:11434/v1", model="qwen", api_key_env=None, settings=settings
     )

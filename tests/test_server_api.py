@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from conftest import run_kernelloop
 from server_fixtures import (
     COUNTED_EVAL,
     QUICK_EVAL,
@@ -91,7 +90,8 @@ def test_devices_lists_lanes_and_queue(api: httpx.Client) -> None:
 def test_tools_are_openai_functions_made_from_the_request_model(api: httpx.Client) -> None:
     catalog = api.get("/v1/tools").json()
     names = [t["function"]["name"] for t in catalog["tools"]]
-    assert names == ["compile_kernel", "run_tests", "benchmark"] and all(t["type"] == "function" for t in catalog["tools"])
+    assert (names == ["compile_kernel", "run_tests", "benchmark"]
+            and all(t["type"] == "function" for t in catalog["tools"]))
     params = catalog["tools"][0]["function"]["parameters"]
     assert params["type"] == "object" and set(params["required"]) == {"problem", "code"}
     assert {"problem", "code", "backend", "options", "rationale"} <= set(params["properties"])
@@ -102,7 +102,8 @@ def test_tools_are_openai_functions_made_from_the_request_model(api: httpx.Clien
     # the same schema as the endpoint's body, field for field
     body = api.get("/openapi.json").json()["components"]["schemas"]["SubmissionRequest"]["properties"]
     assert set(params["properties"]) <= set(body)
-    assert catalog["endpoints"] == {"compile_kernel": "/v1/compile", "run_tests": "/v1/test", "benchmark": "/v1/benchmark"}
+    assert catalog["endpoints"] == {"compile_kernel": "/v1/compile", "run_tests": "/v1/test",
+                                    "benchmark": "/v1/benchmark"}
     anthropic = api.get("/v1/tools", params={"format": "anthropic"}).json()["tools"]
     assert anthropic[1]["name"] == "run_tests" and anthropic[1]["input_schema"] == params
 
@@ -161,7 +162,8 @@ def test_register_a_kernelbench_problem_checked_in_the_sandbox(api: httpx.Client
     assert created.status_code == 201, created.text
     assert created.json()["has_metadata"] is False and [s["name"] for s in created.json()["shapes"]] == ["default"]
     assert api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM}).status_code == 200
-    _error(api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM + "\n# changed\n"}), 409, "body.name")
+    _error(api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM + "\n# changed\n"}), 409,
+           "body.name")
     assert (service.problems_dir / "scaled_relu" / "problem.py").read_text() == RELU_PROBLEM
     # workers import it: a candidate against it passes its tests
     tested = api.post("/v1/test", json={"problem": "scaled_relu", "code": RELU_KERNEL, "backend": "cpu",
@@ -172,8 +174,8 @@ def test_register_a_kernelbench_problem_checked_in_the_sandbox(api: httpx.Client
 @pytest.mark.parametrize("source, message", [
     ("def broken(:\n", "line 1"),
     ("import torch\n\ndef get_inputs():\n    return []\n", "defines no Model, get_init_inputs"),
-    ("import torch\nraise SystemExit('no thanks')\nclass Model: pass\ndef get_inputs(): pass\ndef get_init_inputs(): pass\n",
-     "no thanks"),
+    ("import torch\nraise SystemExit('no thanks')\nclass Model: pass\ndef get_inputs(): pass\n"
+     "def get_init_inputs(): pass\n", "no thanks"),
     (RELU_PROBLEM.replace("return [2.0]", "return [2.0, 'extra']"), "Model(2.0, 'extra') failed for shape default"),
 ])
 def test_a_bad_problem_file_is_refused_with_the_reason(api: httpx.Client, source: str, message: str) -> None:
@@ -341,7 +343,8 @@ raise RuntimeError("SEEN " + repr(_seen))
 def test_runs_create_list_show_update(api: httpx.Client, evaluated: dict) -> None:
     run_id = evaluated["run"]["id"]
     shown = api.get(f"/v1/runs/{run_id}").json()
-    assert shown["attempts"] >= 1 and shown["best_attempt_id"] == evaluated["job"]["attempt_id"] and shown["best_speedup"] > 0
+    assert (shown["attempts"] >= 1 and shown["best_attempt_id"] == evaluated["job"]["attempt_id"]
+            and shown["best_speedup"] > 0)
     listed = api.get("/v1/runs", params={"problem": "causal_conv1d"}).json()
     assert run_id in [r["id"] for r in listed["items"]]
     updated = api.patch(f"/v1/runs/{run_id}", json={"status": "finished", "meta": {"tokens": 1234}}).json()
@@ -405,10 +408,12 @@ def test_a_thousand_attempts_page_in_under_100_ms(api: httpx.Client, service: Se
             compiled = CompileResult(status=Status.passed, problem="mamba_causal_conv1d", backend="cpu")
             tested = (passed_test("mamba_causal_conv1d", compile=compiled) if i % 4 else TestResult(
                 status=Status.wrong_result, problem="mamba_causal_conv1d", backend="cpu", compile=compiled))
-            history.record_evaluation(session, attempt.id, None, tested, created_at=now, started_at=now, finished_at=now)
+            history.record_evaluation(session, attempt.id, None, tested, created_at=now, started_at=now,
+                                      finished_at=now)
             if i % 4:
                 timed = passed_benchmark(0.5 + (i * 37 % 1000) / 100, "mamba_causal_conv1d")
-                history.record_evaluation(session, attempt.id, None, timed, created_at=now, started_at=now, finished_at=now)
+                history.record_evaluation(session, attempt.id, None, timed, created_at=now, started_at=now,
+                                          finished_at=now)
     engine.dispose()
     params = {"problem": "mamba_causal_conv1d", "run_id": run_id, "status": "passed", "min_speedup": 2.0,
               "sort": "speedup", "order": "desc", "limit": 50, "offset": 20}
@@ -429,8 +434,7 @@ def test_a_thousand_attempts_page_in_under_100_ms(api: httpx.Client, service: Se
 
 def test_history_cli(service: ServiceProcess, evaluated: dict) -> None:
     def cli(*args: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "kernelloop", "history", *args, "--db", str(service.db)],
-                             cwd=REPO, capture_output=True, text=True, timeout=120)
+        out = run_kernelloop("history", *args, "--db", str(service.db), cwd=REPO, timeout=120)
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -443,8 +447,7 @@ def test_history_cli(service: ServiceProcess, evaluated: dict) -> None:
     assert json.loads(cli("show", str(attempt_id), "--json"))["id"] == attempt_id
     assert "causal_conv1d" in cli("best")
     assert json.loads(cli("attempts", "--run", str(run_id), "--json"))["total"] >= 1
-    missing = subprocess.run([sys.executable, "-m", "kernelloop", "history", "runs", "--db", str(service.db) + ".absent"],
-                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    missing = run_kernelloop("history", "runs", "--db", str(service.db) + ".absent", cwd=REPO, timeout=120)
     assert missing.returncode == 2 and "no database at" in missing.stderr
 
 
@@ -456,7 +459,8 @@ def test_auth_is_required_for_changes_only(service: ServiceProcess) -> None:
         body = _error(anonymous.post("/v1/compile", json=submission()), 401, "header.Authorization")
         assert "Bearer" in body["fix"]
         _error(anonymous.post("/v1/runs", json={"problem": "causal_conv1d"}), 401)
-        _error(anonymous.post("/v1/runs", json={"problem": "causal_conv1d"}, headers={"Authorization": "Bearer nope"}), 401)
+        _error(anonymous.post("/v1/runs", json={"problem": "causal_conv1d"},
+                              headers={"Authorization": "Bearer nope"}), 401)
         _error(anonymous.patch("/v1/runs/1", json={"notes": "x"}), 401)
 
 
@@ -467,9 +471,11 @@ def test_auth_is_required_for_changes_only(service: ServiceProcess) -> None:
     ({"problem": "causal_conv1d"}, 422, "body.code", "required"),
     ({"problem": "causal_conv1d", "code": "x", "backend": "rocm"}, 422, "body.backend", "'cuda' or 'cpu'"),
     ({"problem": "causal_conv1d", "code": "x", "options": {"seeds": 0}}, 422, "body.options.seeds", "greater than"),
-    ({"problem": "causal_conv1d", "code": "x", "options": {"shapes": ["nope"]}}, 422, "body.options.shapes", "no shape"),
+    ({"problem": "causal_conv1d", "code": "x", "options": {"shapes": ["nope"]}}, 422, "body.options.shapes",
+     "no shape"),
     ({"problem": "causal_conv1d", "code": "x", "run_id": 987654}, 422, "body.run_id", "no run"),
-    ({"problem": "causal_conv1d", "code": "x", "parent_attempt_id": 987654}, 422, "body.parent_attempt_id", "no attempt"),
+    ({"problem": "causal_conv1d", "code": "x", "parent_attempt_id": 987654}, 422, "body.parent_attempt_id",
+     "no attempt"),
     ({"problem": "causal_conv1d", "code": "x\u0000"}, 422, "body", "NUL"),
     ([1, 2], 422, "body", "valid dictionary"),
 ])
@@ -480,7 +486,8 @@ def test_bad_submissions_get_a_4xx_naming_the_field(api: httpx.Client, body: obj
 
 
 def test_benchmark_shapes_must_include_one_to_time(api: httpx.Client) -> None:
-    answer = _error(api.post("/v1/benchmark", json=submission(options={"shapes": ["small"]})), 422, "body.options.shapes")
+    answer = _error(api.post("/v1/benchmark", json=submission(options={"shapes": ["small"]})), 422,
+                    "body.options.shapes")
     assert "cpu_b4_c64_o64_k3_d1_l8192" in answer["fix"]
 
 
@@ -530,12 +537,11 @@ def test_without_a_token_changes_are_open_on_loopback_and_rate_limited(open_serv
 
 
 def test_serve_refuses_a_public_address_without_a_token(open_service: ServiceProcess) -> None:
-    out = subprocess.run([sys.executable, "-m", "kernelloop", "serve", "--host", "0.0.0.0", "--port", "1"], cwd=REPO,
-                         env=open_service.env, capture_output=True, text=True, timeout=60)
+    out = run_kernelloop("serve", "--host", "0.0.0.0", "--port", "1", cwd=REPO, env=open_service.env, timeout=60)
     assert out.returncode == 2 and "refusing to listen on 0.0.0.0 without an API token" in out.stderr
 
 
 def test_serve_refuses_a_database_outside_the_data_folder(open_service: ServiceProcess, tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "kernelloop", "serve", "--port", "1", "--db", str(tmp_path / "x.sqlite3")],
-                         cwd=REPO, env=open_service.env, capture_output=True, text=True, timeout=60)
+    out = run_kernelloop("serve", "--port", "1", "--db", str(tmp_path / "x.sqlite3"), cwd=REPO, env=open_service.env,
+                         timeout=60)
     assert out.returncode == 2 and "outside the data folder" in out.stderr and not (tmp_path / "x.sqlite3").exists()

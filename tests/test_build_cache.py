@@ -1,0 +1,75 @@
+"""The build cache and the CPU benchmark, on the shipped CPU example: built once by two concurrent jobs, then reused.
+
+The example is new to the session's cache when the module's fixture builds it; every test here reads that build.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import PROBLEM, REPO, cpu_correctness_shapes
+
+from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import load_problem
+from kernelloop.tools.results import Status
+
+CPU_EXAMPLE = (REPO / "reference_problems/causal_conv1d/example_cpu.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def concurrent_cpu_example_builds(kl):
+    """The shipped CPU example, new to this session's cache, compiled by two jobs at once."""
+    results: list = [None, None]
+
+    def compile_into(i: int) -> None:
+        results[i] = api.compile_kernel(PROBLEM, CPU_EXAMPLE, "cpu", settings=kl.settings)
+
+    threads = [threading.Thread(target=compile_into, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_two_concurrent_builds_of_one_source_both_pass_and_build_once(kl, concurrent_cpu_example_builds):
+    first, second = concurrent_cpu_example_builds
+    assert first.status == second.status == Status.passed, (first.message, second.message)
+    assert first.cache_key == second.cache_key
+    entry = kl.settings.cache_dir / first.cache_key[:2] / first.cache_key
+    assert len(list(entry.rglob("*.so"))) == 1
+    # ninja logs every command it runs: the C++ file was compiled by one of the two jobs only
+    ninja_logs = list(entry.rglob(".ninja_log"))
+    assert len(ninja_logs) == 1
+    compiles = [line for line in ninja_logs[0].read_text().splitlines() if line.split("\t")[3:4] == ["main.o"]]
+    assert len(compiles) == 1, ninja_logs[0].read_text()
+
+
+def test_cpu_example_passes_and_second_compile_hits_the_cache(kl, concurrent_cpu_example_builds):
+    result = api.run_tests(PROBLEM, CPU_EXAMPLE, "cpu", EvalOptions(seeds=1), kl.settings)
+
+    assert result.status == Status.passed, result.message
+    assert [c.shape for c in result.checks] == cpu_correctness_shapes()
+    assert result.compile.cache_hit and result.compile.build_seconds < 1
+    assert result.compile.cache_key == concurrent_cpu_example_builds[0].cache_key
+
+
+def test_cpu_benchmark_reports_timings_and_speedup(kl, concurrent_cpu_example_builds):
+    options = EvalOptions(min_samples=5, time_budget_s=0.5)
+    result = api.benchmark(PROBLEM, CPU_EXAMPLE, "cpu", options, kl.settings)
+
+    assert result.status == Status.passed, result.message
+    assert result.compile.cache_hit
+    expected_shapes = load_problem(PROBLEM).benchmark_shapes("cpu")
+    assert [s.shape for s in result.shapes] == [s.name for s in expected_shapes]
+    for entry, shape in zip(result.shapes, expected_shapes):
+        assert entry.status == Status.passed
+        for timing in (entry.candidate, entry.reference):
+            assert timing.n >= options.min_samples
+            assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
+        assert entry.speedup == pytest.approx(entry.reference.median_ms / entry.candidate.median_ms)
+        assert entry.tflops == pytest.approx(shape.flops / (entry.candidate.median_ms / 1e3) / 1e12)
+        assert entry.outputs_checked >= 2  # the timed outputs of both input sets were checked
+    assert result.geomean_speedup == pytest.approx(result.shapes[0].speedup)

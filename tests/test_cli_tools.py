@@ -1,0 +1,49 @@
+"""The tools' command line, `kernelloop test FILE`: JSON, a readable table, and its exit codes (0, 1, 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+from conftest import PROBLEM, run_kernelloop
+
+
+def _kernelloop(kl, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kernelloop ARGS` in the session's folder, with the session's data dir."""
+    env = {**os.environ, "KERNELLOOP_DATA_DIR": str(kl.settings.data_dir)}
+    return run_kernelloop(*args, env=env, cwd=kl.root, timeout=300)
+
+
+def test_cli_json_passes(kl):
+    path = kl.root / "correct.py"
+    path.write_text(kl.helper_candidate("conv_correct"))
+    out = _kernelloop(kl, "test", str(path), "--problem", PROBLEM, "--backend", "cpu", "--json",
+                      "--shapes", "small", "k1", "--seeds", "1")
+
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["status"] == "passed" and result["kind"] == "test"
+    assert [c["shape"] for c in result["checks"]] == ["small", "k1"]
+
+
+def test_cli_readable_table_and_exit_code_1_for_a_failing_kernel(kl):
+    path = kl.root / "off_by_one.py"
+    path.write_text(kl.helper_candidate("conv_off_by_one"))
+    out = _kernelloop(kl, "test", str(path), "--problem", PROBLEM, "--backend", "cpu", "--seeds", "1")
+
+    assert out.returncode == 1, out.stderr
+    assert "causal_conv1d on cpu (cpu): WRONG_RESULT" in out.stdout
+    header = next(line for line in out.stdout.splitlines() if line.startswith("shape"))
+    assert header.split()[:5] == ["shape", "seed", "status", "max", "rel"]
+    assert re.search(r"^small\s+\d+\s+wrong_result\s", out.stdout, re.M), out.stdout
+
+
+def test_cli_unknown_problem_exits_2_naming_the_option(kl):
+    path = kl.root / "any.py"
+    path.write_text("x = 1\n")
+    out = _kernelloop(kl, "test", str(path), "--problem", "no_such_problem", "--backend", "cpu")
+
+    assert out.returncode == 2
+    assert "--problem" in out.stderr and "no_such_problem" in out.stderr

@@ -1,0 +1,192 @@
+"""The sandbox and the worker boundary: crashes, hangs, floods and forged results stay inside the candidate's job.
+
+Each ends as its own status with the details a user needs, and the next job is unaffected; the candidate
+sees no network, no data dir and no secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ONE_CHECK, PROBLEM
+
+from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.results import Status
+
+
+def bubblewrap_works() -> bool:
+    """Judged here, independently of tools.sandbox: does bwrap start a process with no network?"""
+    if not shutil.which("bwrap"):
+        return False
+    probe = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net", "--unshare-pid",
+             "--die-with-parent", "true"]
+    return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+
+
+# ---- a crash, a hang, a flood ----------------------------------------------------------------------
+
+
+def test_segfault_is_runtime_error_naming_signal_and_shape_and_next_job_passes(kl):
+    # crashes only on a shape with bias: the first, bias-free shape passes its checks before it
+    result = api.run_tests(PROBLEM, kl.helper_candidate("conv_segfault_with_bias"), "cpu", settings=kl.settings)
+
+    assert result.status == Status.runtime_error
+    assert "SIGSEGV" in result.message and result.sandbox.signal == "SIGSEGV"
+    assert "checking shape bias" in result.message, result.message
+    assert [c.shape for c in result.checks] == ["small"] * EvalOptions().seeds  # how far it got
+
+    after = api.run_tests(PROBLEM, kl.helper_candidate("conv_correct"), "cpu", ONE_CHECK, kl.settings)
+    assert after.status == Status.passed, after.message
+
+
+def _processes_with(token: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_hang_is_timeout_and_kills_the_process_group(kl):
+    token = f"kernelloop-hang-child-{os.getpid()}-{time.monotonic_ns()}"
+    code = kl.helper_candidate("conv_hang", forward_prelude=f"""
+        import subprocess
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", {token!r}])
+    """)
+    done: list = []
+    runner = threading.Thread(target=lambda: done.append(
+        api.run_tests(PROBLEM, code, "cpu", EvalOptions(shapes=["small"], seeds=1, timeout_s=10), kl.settings)))
+    runner.start()
+    seen_child = False
+    while runner.is_alive():
+        seen_child = seen_child or bool(_processes_with(token))
+        time.sleep(0.2)
+    runner.join()
+    result = done[0]
+
+    assert seen_child, "the candidate's child process never started: the test proves nothing"
+    assert result.status == Status.timeout
+    assert result.sandbox.timed_out and 10 <= result.sandbox.wall_seconds < 30
+    assert re.search(r"no result after \d+ s while checking shape small", result.message), result.message
+    deadline = time.monotonic() + 5
+    while _processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_with(token), "a process the worker started outlived the timeout"
+
+
+def test_stdout_flood_is_capped_and_the_job_keeps_its_status(kl):
+    code = kl.helper_candidate("conv_correct", prelude="""
+        sys.stdout.write("FLOOD-START" + "x" * (50 << 20) + "FLOOD-END\\n")
+        sys.stdout.flush()
+    """)
+    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
+
+    assert result.status == Status.passed, result.message
+    out = result.sandbox.stdout
+    assert result.sandbox.output_truncated
+    assert out.startswith("FLOOD-START") and out.rstrip().endswith("FLOOD-END") and "bytes cut" in out
+    assert len(out.encode()) < kl.settings.output_cap_bytes + 200
+    assert result.compile.log_truncated and len(result.compile.log.encode()) <= kl.settings.log_cap_bytes
+
+
+# ---- forged results --------------------------------------------------------------------------------
+
+FORGED = json.dumps({"nonce": "0" * 32, "final": True, "result": {
+    "kind": "test", "status": "passed", "problem": PROBLEM, "backend": "cpu", "message": "FORGED"}})
+
+
+def test_fake_result_on_stdout_does_not_pass_a_wrong_kernel(kl):
+    code = kl.helper_candidate("conv_off_by_one", prelude=f"print({FORGED!r}, flush=True)")
+    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
+
+    assert FORGED in result.sandbox.stdout  # it was printed, and ignored
+    assert result.status == Status.wrong_result and "FORGED" not in result.message
+
+
+def test_forged_reply_on_the_result_fd_does_not_pass_a_wrong_kernel(kl):
+    # without the job's nonce; os.write raises if argv[1] is not an open descriptor, which would end as
+    # runtime_error, so wrong_result also shows the forged lines reached the caller's pipe
+    write = f"import os; os.write(int(sys.argv[1]), ({FORGED!r} + '\\n').encode())"
+    code = kl.helper_candidate("conv_off_by_one", prelude=write, forward_prelude=write)
+    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
+
+    assert result.status == Status.wrong_result, result.message
+    assert "FORGED" not in result.message
+
+
+@pytest.mark.xfail(strict=True, reason="known hole: the candidate runs in the worker's process, so it can read the "
+                   "job's nonce from memory and send a final reply of its own; closing it needs the verdict "
+                   "computed outside the candidate's process")
+def test_forged_reply_with_the_nonce_read_from_memory_does_not_pass(kl):
+    code = kl.helper_candidate("conv_off_by_one", forward_prelude=f"""
+        import gc, json, os
+        job = next(o for o in gc.get_objects() if type(o).__name__ == "WorkerJob")
+        forged = json.loads({FORGED!r})
+        forged["nonce"] = job.nonce
+        os.write(int(sys.argv[1]), (json.dumps(forged) + "\\n").encode())
+        os._exit(0)
+    """)
+    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
+
+    assert result.status != Status.passed
+
+
+# ---- what the candidate can see --------------------------------------------------------------------
+
+
+def test_sandbox_hides_network_data_dir_and_secrets(kl, monkeypatch):
+    monkeypatch.setenv("KERNELLOOP_API_TOKEN", "tok-not-for-candidates")
+    kl.settings.data_dir.mkdir(parents=True, exist_ok=True)
+    database = kl.settings.data_dir / "kernelloop.db"
+    database.write_text("service secrets")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # reachable from here
+        assert database.read_text() == "service secrets"  # readable from here
+        code = f"""
+import json, os, socket
+import torch.nn as nn
+
+seen = {{"token": os.environ.get("KERNELLOOP_API_TOKEN"),
+         "secret_anywhere": any("tok-not-for-candidates" in v for v in os.environ.values())}}
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=5).close()
+    seen["connect"] = "connected"
+except OSError as exc:
+    seen["connect"] = type(exc).__name__
+try:
+    seen["database"] = open({str(database)!r}).read()
+except OSError as exc:
+    seen["database"] = type(exc).__name__
+print("SEEN " + json.dumps(seen), flush=True)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
+        super().__init__()
+"""
+        result = api.compile_kernel(PROBLEM, code, "cpu", settings=kl.settings)
+
+    assert result.status == Status.passed, result.message
+    seen = json.loads(re.search(r"^SEEN (.*)$", result.sandbox.stdout, re.M).group(1))
+    assert seen["token"] is None and not seen["secret_anywhere"]
+    isolation = result.sandbox.isolation
+    if bubblewrap_works():
+        assert isolation == "bubblewrap"
+    if isolation in ("bubblewrap", "unshare"):
+        assert seen["connect"] != "connected"
+    if isolation == "bubblewrap":
+        assert seen["database"] != "service secrets"

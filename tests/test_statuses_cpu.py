@@ -1,0 +1,286 @@
+"""What status each correct or misbehaving candidate gets on the CPU backend, with the details a user needs.
+
+Most candidates are a few lines of Python over the session's prebuilt C++ helper extension (see
+conftest.py). Real load_inline builds happen only where the build is the point: a C++ compile error,
+and the CUDA builds a machine without a GPU can do (the seed's kernel, a CUDA syntax error). This file
+sorts before test_tools_gpu.py on purpose: that file builds the seed's CUDA kernel into the same cache,
+and the seed test here needs a real build.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ONE_CHECK, PROBLEM, REPO, SUBMISSIONS, cpu_correctness_shapes, line_of
+
+from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import import_problem_module, load_problem
+from kernelloop.tools.results import Status
+
+CUDA_EXAMPLE = (REPO / "reference_problems/causal_conv1d/example_cuda.py").read_text()
+
+
+# ---- one status per case ---------------------------------------------------------------------------
+
+
+def test_correct_kernel_passes_every_cpu_shape_and_seed(kl):
+    result = api.run_tests(PROBLEM, kl.helper_candidate("conv_correct"), "cpu", settings=kl.settings)
+
+    assert result.status == Status.passed, result.message
+    seeds = EvalOptions().seeds
+    assert [c.shape for c in result.checks] == [name for name in cpu_correctness_shapes() for _ in range(seeds)]
+    for name in cpu_correctness_shapes():
+        assert len({c.seed for c in result.checks if c.shape == name}) == seeds, "each check needs fresh inputs"
+    assert all(c.status == Status.passed and c.mismatches == 0 for c in result.checks)
+    # float32 accumulation against the float64 truth: tiny, and far under the tolerance
+    assert max(c.max_rel_error for c in result.checks) < 1e-5
+    assert result.tolerance.name == "tf32" and result.tolerance.max_rel_error == pytest.approx(2e-3)
+    # ModelNew's weights are random; it only passes because the reference's were copied in, and it says so
+    assert result.parameter_mapping == "copied 1 of 1 reference tensors (0 by name, 1 by order and shape)"
+    assert result.message == f"{len(result.checks)} checks passed"
+    assert result.device == "cpu" and result.compile.status == Status.passed
+
+
+def test_off_by_one_kernel_is_wrong_result_with_first_mismatch(kl):
+    result = api.run_tests(PROBLEM, kl.helper_candidate("conv_off_by_one"), "cpu", settings=kl.settings)
+
+    assert result.status == Status.wrong_result
+    check = result.checks[-1]
+    assert check.shape == "small" and check.status == Status.wrong_result  # it fails on the first shape
+    # the flaw drops x[..., 0], which only outputs t <= (K-1)*d = 2 see: B * Cout * 3 = 192 at most
+    assert 0 < check.mismatches <= 2 * 32 * 3
+    batch, channel, t = check.first_mismatch.index
+    assert batch < 2 and channel < 32 and t <= 2
+    got, expected = check.first_mismatch.got, check.first_mismatch.expected
+    if t == 0:  # no bias, and the one input sample output 0 sees was dropped
+        assert got == 0.0
+    assert got != expected and check.max_rel_error > result.tolerance.max_rel_error
+    assert f"first at {check.first_mismatch.index}: got {got}, expected {expected}" in result.message
+    assert f"{check.mismatches} of {2 * 32 * 1000} elements differ" in result.message
+    assert f"shape small, seed {check.seed}" in result.message
+
+
+def test_nan_and_inf_in_the_output_are_nan_or_inf(kl):
+    result = api.run_tests(PROBLEM, kl.helper_candidate("conv_nan"), "cpu", settings=kl.settings)
+
+    assert result.status == Status.nan_or_inf, result.message
+    check = result.checks[-1]
+    assert (check.nan_count, check.inf_count, check.mismatches) == (1, 1, 2)
+    assert check.first_mismatch.index == [0, 0, 5] and check.first_mismatch.got != check.first_mismatch.got  # NaN
+    assert "1 NaN and 1 Inf where the truth is finite" in result.message
+
+
+def test_cpp_compile_error_points_at_the_submitted_line(kl):
+    code = (SUBMISSIONS / "cpp_compile_error.py").read_text()
+    result = api.compile_kernel(PROBLEM, code, "cpu", settings=kl.settings)
+
+    assert result.status == Status.compile_error
+    line = line_of(code, "DELIBERATE-ERROR")
+    first = result.diagnostics[0]
+    assert (first.severity, first.tool, first.line) == ("error", "gcc", line)
+    assert "undeclared_factor" in first.message and first.excerpt == code.splitlines()[line - 1]
+    assert result.message.startswith(f"line {line}: ")
+    assert any(d.tool == "torch" and d.line == line_of(code, "ext = load_inline(") for d in result.diagnostics)
+    assert "undeclared_factor" in result.log
+
+
+def test_python_syntax_error_points_at_the_line(kl):
+    code = "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x)\n        return x\n"
+    result = api.compile_kernel(PROBLEM, code, "cpu", settings=kl.settings)
+
+    assert result.status == Status.compile_error
+    first = result.diagnostics[0]
+    assert first.line == 5 and first.excerpt == "    def forward(self, x)" and "SyntaxError" in first.message
+    assert result.message.startswith("line 5: ")
+
+
+def test_missing_model_new(kl):
+    code = "import torch.nn as nn\n\n\nclass Modelnew(nn.Module):\n    pass\n"
+    result = api.compile_kernel(PROBLEM, code, "cpu", settings=kl.settings)
+
+    assert result.status == Status.missing_model_new
+    assert "ModelNew" in result.message
+
+
+def test_wrong_constructor_signature(kl):
+    code = ("import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def __init__(self, channels):\n"
+            "        super().__init__()\n")
+    result = api.compile_kernel(PROBLEM, code, "cpu", settings=kl.settings)
+
+    assert result.status == Status.signature_error
+    assert "shape small" in result.message
+    assert ("(in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, bias: bool = False)"
+            in result.message)
+
+
+def test_input_mutation(kl):
+    result = api.run_tests(PROBLEM, kl.helper_candidate("conv_mutate_input"), "cpu", settings=kl.settings)
+
+    assert result.status == Status.input_mutated
+    assert "input 0 was modified in place (1 elements changed)" in result.message
+
+
+def test_unwritten_torch_empty_output_fails(kl):
+    # returns torch::empty: in this process that memory may just have held the reference's answer
+    result = api.run_tests(PROBLEM, kl.helper_candidate("conv_unwritten"), "cpu", ONE_CHECK, kl.settings)
+
+    assert result.status in (Status.nan_or_inf, Status.wrong_result), result.message
+    assert result.checks[-1].mismatches > 0
+
+
+def test_calling_torch_conv1d_is_forbidden_op(kl):
+    code = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
+        super().__init__()
+        self.pad, self.dilation = (kernel_size - 1) * dilation, dilation
+        self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size))
+        self.bias = nn.Parameter(torch.randn(out_channels)) if bias else None
+
+    def forward(self, x):
+        return F.conv1d(F.pad(x, (self.pad, 0)), self.weight, self.bias, dilation=self.dilation)
+"""
+    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
+
+    assert result.status == Status.forbidden_op
+    assert "aten::convolution" in result.message and "aten::convolution" in result.ops_called
+    assert all(c.status == Status.passed for c in result.checks)  # right answers, wrong means
+
+
+def test_os_exit_in_forward_is_runtime_error(kl):
+    code = kl.helper_candidate("conv_correct", forward_prelude="import os; os._exit(0)")
+    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
+
+    assert result.status == Status.runtime_error
+    assert "exit code 0" in result.message and "checking shape small" in result.message
+
+
+def test_output_cached_by_input_pointer_is_caught_by_benchmark(kl):
+    # right the first time it sees a buffer, then replays that answer: timed inputs are redrawn in place
+    code = kl.helper_candidate("conv_correct", prelude="_cache = {}", forward_prelude="""
+        key = (x.data_ptr(), tuple(x.shape))
+        if key in _cache:
+            return _cache[key]
+        _cache[key] = kernels.conv_correct(x, self.weight, self.bias, self.dilation)
+        return _cache[key]
+    """)
+    result = api.benchmark(PROBLEM, code, "cpu", EvalOptions(min_samples=3, time_budget_s=0.5), kl.settings)
+
+    assert result.status == Status.suspicious, result.message
+    assert "timed output" in result.message
+
+
+# ---- the CUDA backend's builds on a machine without a GPU ------------------------------------------
+
+
+def test_seed_cuda_kernel_builds_imports_and_constructs(kl):
+    result = api.compile_kernel(PROBLEM, CUDA_EXAMPLE, "cuda", settings=kl.settings)
+
+    assert result.status == Status.passed, (result.message, result.log[-3000:])
+    assert not result.cache_hit and result.build_seconds > 1  # a real nvcc build ran
+    assert result.shapes_instantiated == [s.name for s in load_problem(PROBLEM).shapes if "cuda" in s.backends]
+    if not torch.cuda.is_available():
+        tested = api.run_tests(PROBLEM, CUDA_EXAMPLE, "cuda", settings=kl.settings)
+        assert tested.status == Status.sandbox_error and "GPU" in tested.message
+        assert tested.compile.cache_hit
+
+
+def test_cuda_syntax_error_points_at_the_submitted_line(kl):
+    code = (SUBMISSIONS / "cuda_syntax_error.py").read_text()
+    result = api.compile_kernel(PROBLEM, code, "cuda", settings=kl.settings)
+
+    assert result.status == Status.compile_error
+    line = line_of(code, "DELIBERATE-ERROR")
+    first = result.diagnostics[0]
+    assert (first.severity, first.tool, first.line, first.generated_file) == ("error", "nvcc", line, "cuda.cu")
+    assert first.excerpt == code.splitlines()[line - 1]
+    assert result.message.startswith(f"line {line}: ")
+
+
+@pytest.mark.skipif(not (shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()), reason="no nvcc")
+def test_gpu_test_kernels_compile_for_sm90(tmp_path):
+    """The GPU tests' .cu builds for the H200 (sm_90): caught here, not on the GPU machine."""
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    out = subprocess.run([nvcc, "-gencode=arch=compute_90,code=sm_90", "-c", str(SUBMISSIONS / "gpu_test_kernels.cu"),
+                          "-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "k.o").stat().st_size > 0
+
+
+# ---- problems --------------------------------------------------------------------------------------
+
+PLAIN_KERNELBENCH = '''\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, a, b):
+        return torch.relu(a @ b) * self.scale
+
+
+def get_inputs():
+    return [torch.randn(64, 32), torch.randn(32, 48)]
+
+
+def get_init_inputs():
+    return [0.5]
+'''
+
+PLAIN_CANDIDATE = '''\
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, a, b):
+        return (a.unsqueeze(2) * b.unsqueeze(0)).sum(1).clamp_min(0) * self.scale
+'''
+
+
+def test_plain_kernelbench_file_runs_with_its_default_shape(kl, tmp_path):
+    path = tmp_path / "relu_matmul.py"
+    path.write_text(PLAIN_KERNELBENCH)
+    problem = load_problem(str(path))
+    assert not problem.has_metadata and [s.name for s in problem.shapes] == ["default"]
+    assert problem.tolerance.name == "fp32"
+
+    result = api.run_tests(problem, PLAIN_CANDIDATE, "cpu", settings=kl.settings)
+    assert result.status == Status.passed, result.message
+    assert [c.shape for c in result.checks] == ["default"] * EvalOptions().seeds
+
+    wrong = api.run_tests(problem, PLAIN_CANDIDATE.replace("clamp_min(0)", "clamp_min(0.01)"), "cpu",
+                          settings=kl.settings)
+    assert wrong.status == Status.wrong_result  # the comparison is real on a plain problem too
+
+
+def test_causal_conv1d_reference_passes_its_own_tolerance_with_margin_on_cpu():
+    problem = load_problem(PROBLEM)
+    module = import_problem_module(Path(problem.path))
+    tolerance = problem.tolerance.max_rel_error
+    for shape in problem.correctness_shapes("cpu"):
+        torch.manual_seed(0)
+        model = module.Model(*shape.init_inputs)
+        x = torch.randn(*shape.input_shapes[0])
+        with torch.no_grad():
+            got = model(x).double()
+            truth = model.double()(x.double())
+        error = ((got - truth).abs().max() / truth.abs().max()).item()
+        assert 0 < error < tolerance / 10, (shape.name, error)
