@@ -20,6 +20,7 @@ from kernelloop.tools.results import Backend, PhaseResultAny, Status
 ProposerName = Literal["llm", "search", "replay"]
 ApiStyle = Literal["openai", "anthropic"]
 
+
 class LlmConfig(BaseModel):
     """Where the language model is and how to talk to it. The key itself is never stored, only where it comes from."""
 

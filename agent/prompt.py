@@ -116,8 +116,7 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str) -> str:
             f"- Results are compared with a float64 ground truth under the `{tolerance.name}` policy: error <= "
             f"{tolerance.max_rel_error:g} x max|truth|"
             + (" (TF32 allowed)." if tolerance.allow_tf32 else " (strict fp32)."),
-            "- Only measured results count: the best kernel is the fastest one that passed run_tests and a "
-            "benchmark.",
+            "- Only measured results count: the best kernel is the fastest one that passed run_tests and a benchmark.",
             "",
             "Correctness shapes:",
             *[shape_line(s) for s in correct],

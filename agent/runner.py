@@ -124,7 +124,12 @@ async def build_proposer(
 
 
 async def start_run(
-    config: AgentRunConfig, client: ServiceClient, settings: AgentSettings, progress: Progress, *, service_is_local: bool
+    config: AgentRunConfig,
+    client: ServiceClient,
+    settings: AgentSettings,
+    progress: Progress,
+    *,
+    service_is_local: bool,
 ) -> RunSummary | RunRefused:
     health = await _check_service(client)
     if isinstance(health, RunRefused):

@@ -85,8 +85,9 @@ class ServiceClient:
         self, method: str, path: str, answer_type: Any, *, json: Any = None, params: dict[str, Any] | None = None
     ) -> Any:
         """Send one request (retrying dropped connections, 429 and 5xx) and parse the answer into `answer`."""
-        answer = await send_with_retries(lambda: self._http.request(method, path, json=json, params=params),
-                                         self.retry_policy)
+        answer = await send_with_retries(
+            lambda: self._http.request(method, path, json=json, params=params), self.retry_policy
+        )
         response = answer.response
         if isinstance(answer.error, httpx.TimeoutException):
             return ServiceFailure(

@@ -33,7 +33,9 @@ class AgentSettings(BaseSettings):
     llm_max_tokens: int = Field(8192, ge=256, description="longest model reply, tokens")
     llm_context_chars: int = Field(120_000, ge=8_000, description="conversation kept before older turns are summarized")
     llm_timeout_s: float = Field(300.0, gt=0, description="one model call")
-    llm_max_retries: int = Field(5, ge=0, le=20, description="retries of a model call on 429, 5xx and dropped connections")
+    llm_max_retries: int = Field(
+        5, ge=0, le=20, description="retries of a model call on 429, 5xx and dropped connections"
+    )
 
     @field_validator("api_token", "llm_api_key")
     @classmethod

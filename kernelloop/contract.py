@@ -30,6 +30,7 @@ def utcnow() -> datetime:
 
 # --------------------------------------------------------------------------------------------- enums
 
+
 class JobStatus(str, enum.Enum):
     queued = "queued"  # waiting for a lane (also after an interruption: see `interruptions`)
     running = "running"
@@ -42,8 +43,10 @@ TERMINAL_JOB_STATUSES = {JobStatus.finished, JobStatus.failed}
 AttemptStatus = enum.Enum(  # type: ignore[misc]
     "AttemptStatus", {"pending": "pending", "failed": "failed", **{s.name: s.value for s in Status}}, type=str
 )
-AttemptStatus.__doc__ = ("An attempt's latest outcome: a tool Status, `pending` while a job on it is queued or "
-                         "running, `failed` when the service could not evaluate it.")
+AttemptStatus.__doc__ = (
+    "An attempt's latest outcome: a tool Status, `pending` while a job on it is queued or "
+    "running, `failed` when the service could not evaluate it."
+)
 
 
 class RunStatus(str, enum.Enum):
@@ -54,6 +57,7 @@ class RunStatus(str, enum.Enum):
 
 
 # ---------------------------------------------------------------------------------------- problems
+
 
 class ProblemCreate(BaseModel):
     """A KernelBench-format file to register: Model, get_inputs, get_init_inputs, optional metadata."""
@@ -81,6 +85,7 @@ class ProblemDetail(ProblemSummary):
 
 
 # -------------------------------------------------------------------------------------------- runs
+
 
 class RunBase(SQLModel):
     name: str | None = Field(default=None, max_length=200, description="a label for people")
@@ -117,12 +122,16 @@ class RunPublic(RunBase):
 
 # ---------------------------------------------------------------------------------------- attempts
 
-ATTEMPT_CORRECT = ("True: the latest counted run_tests passed on every correctness shape of the problem (on the "
-                   "attempt's backend) with the default number of seeds; False: a run_tests failed; None: neither yet "
-                   "(a test narrowed by options.shapes or options.seeds never sets it)")
-ATTEMPT_SPEEDUP = ("geometric-mean speedup of the most recent passed benchmark that timed every benchmark shape of the "
-                   "problem: a re-timing replaces it, better or worse; a benchmark narrowed by options.shapes never "
-                   "sets it")
+ATTEMPT_CORRECT = (
+    "True: the latest counted run_tests passed on every correctness shape of the problem (on the "
+    "attempt's backend) with the default number of seeds; False: a run_tests failed; None: neither yet "
+    "(a test narrowed by options.shapes or options.seeds never sets it)"
+)
+ATTEMPT_SPEEDUP = (
+    "geometric-mean speedup of the most recent passed benchmark that timed every benchmark shape of the "
+    "problem: a re-timing replaces it, better or worse; a benchmark narrowed by options.shapes never "
+    "sets it"
+)
 
 
 class AttemptBase(SQLModel):
@@ -172,8 +181,9 @@ class Coverage(BaseModel):
     leaves the attempt's summary as it was, and says so in `note`."""
 
     phase: Literal["test", "benchmark"]
-    shapes_checked: int = PydanticField(description="test: correctness shapes with a passed check; benchmark: "
-                                                    "benchmark shapes timed and passed")
+    shapes_checked: int = PydanticField(
+        description="test: correctness shapes with a passed check; benchmark: benchmark shapes timed and passed"
+    )
     shapes_required: int = PydanticField(description="the problem's shapes of that kind on the attempt's backend")
     seeds_checked: int | None = PydanticField(None, description="test: the fewest passed seeds on a checked shape")
     seeds_required: int | None = PydanticField(None, description="test: the default number of seeds")
@@ -214,7 +224,9 @@ class AttemptFilter(BaseModel):
     backend: Backend | None = None
     proposer: str | None = PydanticField(None, max_length=200)
     correct: bool | None = PydanticField(None, description="true: passed run_tests; false: failed it")
-    min_speedup: float | None = PydanticField(None, ge=0, allow_inf_nan=False, description="only attempts at least this fast")
+    min_speedup: float | None = PydanticField(
+        None, ge=0, allow_inf_nan=False, description="only attempts at least this fast"
+    )
     sort: Literal["created", "speedup", "step", "id"] = "created"
     order: Literal["asc", "desc"] = "desc"
     limit: int = PydanticField(50, ge=1, le=500)
@@ -244,6 +256,7 @@ class Page(BaseModel, Generic[T]):
 
 
 # -------------------------------------------------------------------------------------------- jobs
+
 
 class JobEventPublic(BaseModel):
     id: int
@@ -280,37 +293,48 @@ class JobPublic(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     results: list[PhaseResultAny] = PydanticField(description="one verdict per step that ran, in order")
-    coverage: list[Coverage] = PydanticField([], description="for each test and benchmark step that ran: how much "
-                                                             "of the problem it covered")
-    correct: bool | None = PydanticField(None, description="what the job counts for the attempt: True from a passed "
-                                                           "full-coverage test, False from a failed test, else None")
-    speedup: float | None = PydanticField(None, description="the geometric-mean speedup of a passed full-coverage "
-                                                            "benchmark in this job, else None")
+    coverage: list[Coverage] = PydanticField(
+        [], description="for each test and benchmark step that ran: how much of the problem it covered"
+    )
+    correct: bool | None = PydanticField(
+        None,
+        description="what the job counts for the attempt: True from a passed "
+        "full-coverage test, False from a failed test, else None",
+    )
+    speedup: float | None = PydanticField(
+        None, description="the geometric-mean speedup of a passed full-coverage benchmark in this job, else None"
+    )
     links: JobLinks
 
 
 # ---------------------------------------------------------------------------------- tool requests
+
 
 class KernelSubmission(BaseModel):
     """What a tool call carries: the kernel and what to check it against. GET /v1/tools is made from this."""
 
     model_config = ConfigDict(populate_by_name=True)
 
-    problem: str = PydanticField(min_length=1, max_length=200,
-                                 description="problem name, e.g. causal_conv1d (GET /v1/problems lists them)")
+    problem: str = PydanticField(
+        min_length=1, max_length=200, description="problem name, e.g. causal_conv1d (GET /v1/problems lists them)"
+    )
     code: str = PydanticField(
         min_length=1,
         validation_alias=AliasChoices("code", "kernel_code"),
         description="Python source defining `class ModelNew(nn.Module)` with the reference Model's constructor "
-                    "signature; kernels usually come from torch.utils.cpp_extension.load_inline",
+        "signature; kernels usually come from torch.utils.cpp_extension.load_inline",
     )
     backend: Backend | None = PydanticField(
-        None, description="cuda (tensors on the GPU) or cpu (C++ via load_inline(cpp_sources=...)); "
-                          "default: cuda when the service has a GPU, else cpu")
+        None,
+        description="cuda (tensors on the GPU) or cpu (C++ via load_inline(cpp_sources=...)); "
+        "default: cuda when the service has a GPU, else cpu",
+    )
     options: EvalOptions | None = PydanticField(
-        None, description="shapes, seeds, timing budget; the defaults are strict. A test narrowed to fewer shapes or "
-                          "seeds than the defaults, or a benchmark narrowed to fewer shapes, is recorded but never "
-                          "counts: it neither marks the attempt correct nor sets its speedup")
+        None,
+        description="shapes, seeds, timing budget; the defaults are strict. A test narrowed to fewer shapes or "
+        "seeds than the defaults, or a benchmark narrowed to fewer shapes, is recorded but never "
+        "counts: it neither marks the attempt correct nor sets its speedup",
+    )
     rationale: str | None = PydanticField(None, max_length=20000, description="why this kernel: kept in the history")
 
     @field_validator("code")
@@ -324,14 +348,18 @@ class KernelSubmission(BaseModel):
 class SubmissionRequest(KernelSubmission):
     """Body of POST /v1/compile, /v1/test, /v1/benchmark and /v1/evaluate."""
 
-    run_id: int | None = PydanticField(None, ge=1, le=MAX_ID, description="the run (agent session) this attempt belongs to")
+    run_id: int | None = PydanticField(
+        None, ge=1, le=MAX_ID, description="the run (agent session) this attempt belongs to"
+    )
     parent_attempt_id: int | None = PydanticField(None, ge=1, le=MAX_ID, description="the attempt this code revises")
     step: int | None = PydanticField(None, ge=0, le=MAX_ID, description="the agent's step number")
-    proposer: str = PydanticField("api", min_length=1, max_length=200,
-                                  description="who proposed it, e.g. llm:gpt-5, search, human")
+    proposer: str = PydanticField(
+        "api", min_length=1, max_length=200, description="who proposed it, e.g. llm:gpt-5, search, human"
+    )
 
 
 # ----------------------------------------------------------------------- the service's own answers
+
 
 class GpuInfo(BaseModel):
     index: int

@@ -27,18 +27,23 @@ def _ratio(value: float | None) -> str:
 
 
 def table(result: BenchmarkResult, reference_name: str) -> str:
-    rows = [f"| shape | {reference_name} ms | torch.compile ms | ours ms | floor ms (bound) | ours / floor | "
-            "speedup | speedup vs torch.compile | n |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        f"| shape | {reference_name} ms | torch.compile ms | ours ms | floor ms (bound) | ours / floor | "
+        "speedup | speedup vs torch.compile | n |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in result.shapes:
         fraction = f"{s.fraction_of_floor:.0%}" if s.fraction_of_floor is not None else "-"
         rows.append(
             f"| {s.shape} | {_ms(s.reference and s.reference.median_ms)} | "
-            f"{_ms(s.compiled_reference and s.compiled_reference.median_ms)} | {_ms(s.candidate and s.candidate.median_ms)} | "
+            f"{_ms(s.compiled_reference and s.compiled_reference.median_ms)} | "
+            f"{_ms(s.candidate and s.candidate.median_ms)} | "
             f"{_ms(s.floor_ms)}{_bound(s)} | {fraction} | {_ratio(s.speedup)} | {_ratio(s.speedup_vs_compiled)} | "
             f"{s.candidate.n if s.candidate else 0} |"
         )
-    rows.append(f"\nGeometric mean speedup: **{result.geomean_speedup:.2f}x** ({result.device}, {result.timing_method}).")
+    rows.append(
+        f"\nGeometric mean speedup: **{result.geomean_speedup:.2f}x** ({result.device}, {result.timing_method})."
+    )
     return "\n".join(rows)
 
 

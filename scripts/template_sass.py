@@ -65,8 +65,12 @@ def dump(path: Path, out: Path, points: dict[str, dict]) -> None:
         flags = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "--use_fast_math"]
         flags += [f"-D{k}={int(v)}" for k, v in params.items()]
         cubin = out / f"{name}.cubin"
-        subprocess.run([nvcc, "-cubin", *flags, "-o", str(cubin), str(out / f"{name}.cu")], check=True,
-                       capture_output=True, text=True)
+        subprocess.run(
+            [nvcc, "-cubin", *flags, "-o", str(cubin), str(out / f"{name}.cu")],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         sass = subprocess.run([cuobjdump, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
         (out / f"{name}.sass").write_text(sass)
         print(f"{name}: {len(sass.splitlines())} lines of SASS -> {out / f'{name}.sass'}")

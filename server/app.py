@@ -37,11 +37,14 @@ def check_settings(settings: ServiceSettings) -> None:
         raise ConfigError(
             f"the database {db_file} is outside the data folder {data_dir}, the one folder the sandbox hides from "
             f"submitted code: put it inside (e.g. --db {data_dir / db_file.name}) or set KERNELLOOP_DATA_DIR to "
-            f"{db_file.parent}")
+            f"{db_file.parent}"
+        )
     problems_dir = settings.problems_dir.resolve()
     if problems_dir.is_relative_to(data_dir):
-        raise ConfigError(f"KERNELLOOP_PROBLEMS_DIR ({problems_dir}) is inside the data folder {data_dir}, which the "
-                          "sandbox hides, so workers could not import registered problems: put it elsewhere")
+        raise ConfigError(
+            f"KERNELLOOP_PROBLEMS_DIR ({problems_dir}) is inside the data folder {data_dir}, which the "
+            "sandbox hides, so workers could not import registered problems: put it elsewhere"
+        )
 
 
 def create_app(settings: ServiceSettings, executor: Executor | None = None) -> FastAPI:
@@ -54,8 +57,11 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         isolation = available_isolation(settings.sandbox.isolation)
         if isolation != "bubblewrap":
-            log.warning("sandbox isolation is %r: submitted code can read this host's files, the database included; "
-                        "install bubblewrap for a read-only view with the data folder hidden", isolation)
+            log.warning(
+                "sandbox isolation is %r: submitted code can read this host's files, the database included; "
+                "install bubblewrap for a read-only view with the data folder hidden",
+                isolation,
+            )
         service.start()
         try:
             yield
@@ -63,8 +69,12 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
             service.stop()
             engine.dispose()
 
-    app = FastAPI(title="kernelloop", version=meta.package_version(), lifespan=lifespan,
-                  description="Build, test and time GPU kernels (KernelBench format) honestly, and keep the history.")
+    app = FastAPI(
+        title="kernelloop",
+        version=meta.package_version(),
+        lifespan=lifespan,
+        description="Build, test and time GPU kernels (KernelBench format) honestly, and keep the history.",
+    )
     app.state.service = service
     errors.install(app)
     for router in (tools.router, jobs.router, problems.router, history.router, meta.router):

@@ -24,8 +24,12 @@ def gpu_inventory() -> list[GpuInfo]:
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     if out.returncode != 0:
@@ -35,8 +39,16 @@ def gpu_inventory() -> list[GpuInfo]:
         fields = [f.strip() for f in line.split(",")]
         if len(fields) != 6:
             continue
-        gpus.append(GpuInfo(index=int(fields[0]), uuid=fields[1], name=fields[2], memory_total_mib=_number(fields[3]),
-                            memory_used_mib=_number(fields[4]), utilization_percent=_number(fields[5])))
+        gpus.append(
+            GpuInfo(
+                index=int(fields[0]),
+                uuid=fields[1],
+                name=fields[2],
+                memory_total_mib=_number(fields[3]),
+                memory_used_mib=_number(fields[4]),
+                utilization_percent=_number(fields[5]),
+            )
+        )
     return gpus
 
 

@@ -21,8 +21,16 @@ log = logging.getLogger("kernelloop.server")
 
 
 class ApiError(Exception):
-    def __init__(self, status_code: int, error: str, message: str, *, field: str | None = None, fix: str = "",
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status_code: int,
+        error: str,
+        message: str,
+        *,
+        field: str | None = None,
+        fix: str = "",
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status_code, self.headers = status_code, headers
         self.body = ErrorBody(error=error, message=message, field=field, fix=fix)
@@ -58,20 +66,42 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
     if bad_json is not None:
         detail = (bad_json.get("ctx") or {}).get("error", "")
         where = f" at character {bad_json['loc'][1]}" if len(bad_json.get("loc", ())) > 1 else ""
-        return error_response(400, ErrorBody(
-            error="malformed_json", message=f"the body is not valid JSON{where}: {detail}".rstrip(": "), field="body",
-            fix="send one JSON object with the header Content-Type: application/json"))
-    errors = [FieldError(field=_field(e.get("loc", ())), message=str(e.get("msg", "")), type=str(e.get("type", "")))
-              for e in raw]
+        return error_response(
+            400,
+            ErrorBody(
+                error="malformed_json",
+                message=f"the body is not valid JSON{where}: {detail}".rstrip(": "),
+                field="body",
+                fix="send one JSON object with the header Content-Type: application/json",
+            ),
+        )
+    errors = [
+        FieldError(field=_field(e.get("loc", ())), message=str(e.get("msg", "")), type=str(e.get("type", "")))
+        for e in raw
+    ]
     first = errors[0] if errors else FieldError(field="body", message="invalid request")
     if first.field == "body" and first.type == "missing":
-        return error_response(422, ErrorBody(
-            error="invalid_request", message="the request has no body", field="body", errors=errors,
-            fix="send a JSON object with Content-Type: application/json (GET /openapi.json has its schema)"))
+        return error_response(
+            422,
+            ErrorBody(
+                error="invalid_request",
+                message="the request has no body",
+                field="body",
+                errors=errors,
+                fix="send a JSON object with Content-Type: application/json (GET /openapi.json has its schema)",
+            ),
+        )
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return error_response(422, ErrorBody(
-        error="invalid_request", message=f"{first.field}: {first.message}{more}", field=first.field,
-        fix=FIXES.get(first.type, "correct the field; GET /openapi.json has the schema"), errors=errors))
+    return error_response(
+        422,
+        ErrorBody(
+            error="invalid_request",
+            message=f"{first.field}: {first.message}{more}",
+            field=first.field,
+            fix=FIXES.get(first.type, "correct the field; GET /openapi.json has the schema"),
+            errors=errors,
+        ),
+    )
 
 
 def install(app: FastAPI) -> None:
@@ -86,11 +116,17 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
-            body = ErrorBody(error="not_found", message=f"no such endpoint: {request.method} {request.url.path}",
-                             fix="GET /docs or /openapi.json lists the endpoints")
+            body = ErrorBody(
+                error="not_found",
+                message=f"no such endpoint: {request.method} {request.url.path}",
+                fix="GET /docs or /openapi.json lists the endpoints",
+            )
         elif exc.status_code == 405:
-            body = ErrorBody(error="method_not_allowed", message=f"{request.method} is not allowed on {request.url.path}",
-                             fix="see /openapi.json for the methods this path takes")
+            body = ErrorBody(
+                error="method_not_allowed",
+                message=f"{request.method} is not allowed on {request.url.path}",
+                fix="see /openapi.json for the methods this path takes",
+            )
         else:
             body = ErrorBody(error="http_error", message=str(exc.detail))
         return error_response(exc.status_code, body, getattr(exc, "headers", None))
@@ -98,5 +134,11 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error on %s %s", request.method, request.url.path)
-        return error_response(500, ErrorBody(error="internal_error", message=f"the service failed: {type(exc).__name__}",
-                                             fix="this is a kernelloop bug; the service log has the traceback"))
+        return error_response(
+            500,
+            ErrorBody(
+                error="internal_error",
+                message=f"the service failed: {type(exc).__name__}",
+                fix="this is a kernelloop bug; the service log has the traceback",
+            ),
+        )

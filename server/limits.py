@@ -37,8 +37,12 @@ class BodySizeLimit:
         self.app, self.max_bytes = app, max_bytes
 
     def _too_large(self) -> ErrorBody:
-        return ErrorBody(error="body_too_large", message=f"the request body is over {self.max_bytes} bytes",
-                         field="body", fix=f"send at most {self.max_bytes} bytes (code: at most KERNELLOOP_MAX_CODE_BYTES)")
+        return ErrorBody(
+            error="body_too_large",
+            message=f"the request body is over {self.max_bytes} bytes",
+            field="body",
+            fix=f"send at most {self.max_bytes} bytes (code: at most KERNELLOOP_MAX_CODE_BYTES)",
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in MUTATING_METHODS:
@@ -94,15 +98,23 @@ def _strings(node: Any) -> list[str]:
 def _text_problem(body: bytes) -> ErrorBody | None:
     """Text no database column can hold: a NUL character, or half of a UTF-16 surrogate pair."""
     if b"\\u0000" in body or b"\x00" in body:
-        return ErrorBody(error="invalid_text", message="the body contains a NUL character (\\u0000)", field="body",
-                         fix="remove NUL characters: no field accepts them")
+        return ErrorBody(
+            error="invalid_text",
+            message="the body contains a NUL character (\\u0000)",
+            field="body",
+            fix="remove NUL characters: no field accepts them",
+        )
     if SURROGATE_ESCAPE.search(body):
         try:
             for text in _strings(json.loads(body)):
                 text.encode("utf-8")
         except UnicodeEncodeError:
-            return ErrorBody(error="invalid_text", message="the body contains an unpaired UTF-16 surrogate (\\udXXX)",
-                             field="body", fix="send valid Unicode text")
+            return ErrorBody(
+                error="invalid_text",
+                message="the body contains an unpaired UTF-16 surrogate (\\udXXX)",
+                field="body",
+                fix="send valid Unicode text",
+            )
         except ValueError:
             return None  # not JSON: the endpoint's own parsing says so
     return None
@@ -116,9 +128,14 @@ class LoopbackOnly:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.enabled and scope["type"] == "http" and not is_loopback((scope.get("client") or (None,))[0]):
-            await error_response(403, ErrorBody(
-                error="loopback_only", message="this service has no API token, so it answers this host only",
-                fix="set KERNELLOOP_API_TOKEN on the service and send Authorization: Bearer <token>"))(scope, receive, send)
+            await error_response(
+                403,
+                ErrorBody(
+                    error="loopback_only",
+                    message="this service has no API token, so it answers this host only",
+                    fix="set KERNELLOOP_API_TOKEN on the service and send Authorization: Bearer <token>",
+                ),
+            )(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

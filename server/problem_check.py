@@ -48,8 +48,10 @@ def precheck(source: str) -> None:
     names, star = _top_level_names(tree)
     missing = [n for n in REQUIRED_NAMES if n not in names]
     if missing and not star:
-        raise ProblemRejected(f"the file defines no {', '.join(missing)}: a KernelBench problem defines class Model, "
-                              "get_inputs() and get_init_inputs() at module level")
+        raise ProblemRejected(
+            f"the file defines no {', '.join(missing)}: a KernelBench problem defines class Model, "
+            "get_inputs() and get_init_inputs() at module level"
+        )
 
 
 def check_problem(name: str, source: str, settings: ServiceSettings) -> ProblemSpec:
@@ -63,13 +65,21 @@ def check_problem(name: str, source: str, settings: ServiceSettings) -> ProblemS
         return ProblemCheckJob(path=str(path), name=name, nonce=nonce)
 
     timeout_s = settings.problem_check_timeout_s
-    call = call_worker(PROBLEM_WORKER_MODULE, make_job, ProblemCheckReply, timeout_s=timeout_s,
-                       settings=settings.sandbox.model_copy(update={"worker_gpus": ""}), folder_prefix="problem")
+    call = call_worker(
+        PROBLEM_WORKER_MODULE,
+        make_job,
+        ProblemCheckReply,
+        timeout_s=timeout_s,
+        settings=settings.sandbox.model_copy(update={"worker_gpus": ""}),
+        folder_prefix="problem",
+    )
     if not call.replies:
         report = call.report
         if report.timed_out:
-            raise ProblemRejected(f"loading the problem and building Model took over {timeout_s:.0f} s: "
-                                  "make get_init_inputs()/get_inputs() cheaper or add SHAPES with smaller sizes")
+            raise ProblemRejected(
+                f"loading the problem and building Model took over {timeout_s:.0f} s: "
+                "make get_init_inputs()/get_inputs() cheaper or add SHAPES with smaller sizes"
+            )
         tail = " | ".join(report.stderr.strip().splitlines()[-3:])
         raise ProblemRejected(f"the problem check died (exit {report.exit_code}, signal {report.signal}): {tail}")
     reply = call.replies[-1]

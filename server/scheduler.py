@@ -74,8 +74,14 @@ class Scheduler:
         try:
             with Session(self.engine) as session:
                 context = queue.step_context(session, job_id)
-            step = StepRequest(job_id=job_id, phase=context.step, problem=context.problem, code=context.code,
-                               backend=context.backend, options=context.options)
+            step = StepRequest(
+                job_id=job_id,
+                phase=context.step,
+                problem=context.problem,
+                code=context.code,
+                backend=context.backend,
+                options=context.options,
+            )
             started = utcnow()
             result = self.executor.run(step, lane, lambda partial: self._progress(job_id, partial))
             job = queue.finish_step(self.engine, job_id, result, started_at=started, finished_at=utcnow())

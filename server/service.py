@@ -50,8 +50,11 @@ class Service:
         with Session(self.engine) as session:
             problems.sync_shipped(session)
             problems.restore_registered(session, self.settings.problems_dir)
-        requeued = queue.requeue_running(self.engine, max_interruptions=self.settings.max_job_interruptions,
-                                         reason="the service stopped while it ran")
+        requeued = queue.requeue_running(
+            self.engine,
+            max_interruptions=self.settings.max_job_interruptions,
+            reason="the service stopped while it ran",
+        )
         if requeued:
             log.warning("jobs %s were running when the service last stopped: marked interrupted", requeued)
         self.scheduler.start()
@@ -59,8 +62,9 @@ class Service:
 
     def stop(self) -> None:
         self.scheduler.stop()
-        stopped = queue.requeue_running(self.engine, max_interruptions=self.settings.max_job_interruptions,
-                                        reason="the service shut down")
+        stopped = queue.requeue_running(
+            self.engine, max_interruptions=self.settings.max_job_interruptions, reason="the service shut down"
+        )
         if stopped:
             log.warning("jobs %s were running at shutdown: marked interrupted and queued again", stopped)
 
@@ -73,16 +77,26 @@ class Service:
         row = problems.get_problem(session, name)
         if row is None:
             known = ", ".join(problems.problem_names(session))
-            raise ApiError(422 if field.startswith("body") else 404, "unknown_problem", f"unknown problem {name!r}",
-                           field=field, fix=f"use one of: {known}; or register a KernelBench file with POST /v1/problems")
+            raise ApiError(
+                422 if field.startswith("body") else 404,
+                "unknown_problem",
+                f"unknown problem {name!r}",
+                field=field,
+                fix=f"use one of: {known}; or register a KernelBench file with POST /v1/problems",
+            )
         return row
 
     def job(self, job_id: int) -> JobPublic:
         with Session(self.engine) as session:
             job = session.get(Job, job_id)
             if job is None:
-                raise ApiError(404, "unknown_job", f"no job {job_id}", field="path.job_id",
-                               fix="use the id a tool call answered with; GET /v1/jobs lists them")
+                raise ApiError(
+                    404,
+                    "unknown_job",
+                    f"no job {job_id}",
+                    field="path.job_id",
+                    fix="use the id a tool call answered with; GET /v1/jobs lists them",
+                )
             return queue.job_public(session, job)
 
     # ---------------------------------------------------------------------------------- tools
@@ -90,30 +104,55 @@ class Service:
         """Record the attempt and queue its job; every check a client can fail comes first."""
         size = len(request.code.encode())
         if size > self.settings.max_code_bytes:
-            raise ApiError(413, "code_too_large", f"code is {size} bytes, over the limit of {self.settings.max_code_bytes}",
-                           field="body.code", fix="send a smaller source (KERNELLOOP_MAX_CODE_BYTES sets the limit)")
+            raise ApiError(
+                413,
+                "code_too_large",
+                f"code is {size} bytes, over the limit of {self.settings.max_code_bytes}",
+                field="body.code",
+                fix="send a smaller source (KERNELLOOP_MAX_CODE_BYTES sets the limit)",
+            )
         with Session(self.engine) as session:
             problem = self.problem_row(session, request.problem, "body.problem")
             backend = request.backend or self.default_backend
             needs_gpu = any(PHASES[step].needs_gpu for step in steps_of(phase))
             if backend == "cuda" and needs_gpu and "gpu" not in self.scheduler.kinds():
-                raise ApiError(422, "no_gpu", f"{phase} on the cuda backend needs a GPU and this service has none",
-                               field="body.backend", fix="use backend cpu here, or a service with a GPU (GET /v1/devices)")
+                raise ApiError(
+                    422,
+                    "no_gpu",
+                    f"{phase} on the cuda backend needs a GPU and this service has none",
+                    field="body.backend",
+                    fix="use backend cpu here, or a service with a GPU (GET /v1/devices)",
+                )
             options = request.options or EvalOptions()
             _check_shapes(problems.spec_of(problem), phase, backend, options)
             if request.run_id is not None:
                 run = session.get(Run, request.run_id)
                 if run is None:
-                    raise ApiError(422, "unknown_run", f"no run {request.run_id}", field="body.run_id",
-                                   fix="create a run with POST /v1/runs, or leave run_id out")
+                    raise ApiError(
+                        422,
+                        "unknown_run",
+                        f"no run {request.run_id}",
+                        field="body.run_id",
+                        fix="create a run with POST /v1/runs, or leave run_id out",
+                    )
                 if run.problem_id != problem.id:
-                    raise ApiError(422, "run_problem_mismatch", f"run {run.id} is not a run on {problem.name}",
-                                   field="body.run_id", fix="use a run created for this problem")
+                    raise ApiError(
+                        422,
+                        "run_problem_mismatch",
+                        f"run {run.id} is not a run on {problem.name}",
+                        field="body.run_id",
+                        fix="use a run created for this problem",
+                    )
             if request.parent_attempt_id is not None:
                 parent = session.get(Attempt, request.parent_attempt_id)
                 if parent is None or parent.problem_id != problem.id:
-                    raise ApiError(422, "unknown_parent", f"no attempt {request.parent_attempt_id} on {problem.name}",
-                                   field="body.parent_attempt_id", fix="give an attempt id of the same problem, or leave it out")
+                    raise ApiError(
+                        422,
+                        "unknown_parent",
+                        f"no attempt {request.parent_attempt_id} on {problem.name}",
+                        field="body.parent_attempt_id",
+                        fix="give an attempt id of the same problem, or leave it out",
+                    )
             attempt, reused = history.create_attempt(session, problem, request, backend, client)
             job = queue.enqueue(session, attempt, phase, options, client)
             public = queue.job_public(session, job, reused_attempt=reused)
@@ -137,20 +176,34 @@ class Service:
         """Check the file in the sandbox, then keep it. Returns (problem, created)."""
         size = len(body.source.encode())
         if size > self.settings.max_problem_bytes:
-            raise ApiError(413, "problem_too_large", f"source is {size} bytes, over the limit of "
-                           f"{self.settings.max_problem_bytes}", field="body.source",
-                           fix="send a smaller file (KERNELLOOP_MAX_PROBLEM_BYTES sets the limit)")
+            raise ApiError(
+                413,
+                "problem_too_large",
+                f"source is {size} bytes, over the limit of {self.settings.max_problem_bytes}",
+                field="body.source",
+                fix="send a smaller file (KERNELLOOP_MAX_PROBLEM_BYTES sets the limit)",
+            )
         with Session(self.engine) as session:
-            same = _same_problem(session, body.name, body.source, f"a different problem named {body.name!r} exists",
-                                 "choose another name: a problem never changes under its attempts")
+            same = _same_problem(
+                session,
+                body.name,
+                body.source,
+                f"a different problem named {body.name!r} exists",
+                "choose another name: a problem never changes under its attempts",
+            )
             if same is not None:
                 return same, False
         try:
             spec = check_problem(body.name, body.source, self.settings)
         except ProblemRejected as exc:
-            raise ApiError(422, "invalid_problem", str(exc), field="body.source",
-                           fix="the file must import and define Model, get_inputs and get_init_inputs "
-                               "(KernelBench format); the message says what failed") from exc
+            raise ApiError(
+                422,
+                "invalid_problem",
+                str(exc),
+                field="body.source",
+                fix="the file must import and define Model, get_inputs and get_init_inputs "
+                "(KernelBench format); the message says what failed",
+            ) from exc
         return self._keep_problem(spec)
 
     def _keep_problem(self, spec: ProblemSpec) -> tuple[ProblemDetail, bool]:
@@ -158,8 +211,9 @@ class Service:
         losing concurrent registration of the same name never overwrites the winner's file."""
         path = problems.registered_path(self.settings.problems_dir, spec.name)
         with self._registering, Session(self.engine) as session:
-            same = _same_problem(session, spec.name, spec.source, REGISTERED_MEANWHILE.format(name=spec.name),
-                                 SEE_OR_RENAME)
+            same = _same_problem(
+                session, spec.name, spec.source, REGISTERED_MEANWHILE.format(name=spec.name), SEE_OR_RENAME
+            )
             if same is not None:
                 return same, False
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,8 +221,13 @@ class Service:
             try:
                 row = problems.register(session, spec.model_copy(update={"path": str(path)}))
             except IntegrityError as exc:  # another service process on the same database
-                raise ApiError(409, "problem_exists", REGISTERED_MEANWHILE.format(name=spec.name), field="body.name",
-                               fix=SEE_OR_RENAME) from exc
+                raise ApiError(
+                    409,
+                    "problem_exists",
+                    REGISTERED_MEANWHILE.format(name=spec.name),
+                    field="body.name",
+                    fix=SEE_OR_RENAME,
+                ) from exc
             return problems.detail(row), True
 
 
@@ -190,11 +249,21 @@ def _check_shapes(spec: ProblemSpec, phase: JobPhase, backend: Backend, options:
     names = {s.name for s in usable}
     unknown = [n for n in options.shapes if n not in names]
     if unknown:
-        raise ApiError(422, "unknown_shape", f"{spec.name} has no shape {unknown[0]!r} on the {backend} backend",
-                       field="body.options.shapes", fix=f"use names from: {', '.join(sorted(names))}")
+        raise ApiError(
+            422,
+            "unknown_shape",
+            f"{spec.name} has no shape {unknown[0]!r} on the {backend} backend",
+            field="body.options.shapes",
+            fix=f"use names from: {', '.join(sorted(names))}",
+        )
     chosen = [s for s in usable if s.name in options.shapes]
     for kind in shape_kinds_of(phase):
         if not any(getattr(s, kind) for s in chosen):
             offered = [s.name for s in usable if getattr(s, kind)]
-            raise ApiError(422, "no_shape_for_phase", f"options.shapes selects no {kind} shape on {backend}",
-                           field="body.options.shapes", fix=f"add one of: {', '.join(offered)}")
+            raise ApiError(
+                422,
+                "no_shape_for_phase",
+                f"options.shapes selects no {kind} shape on {backend}",
+                field="body.options.shapes",
+                fix=f"add one of: {', '.join(offered)}",
+            )

@@ -32,8 +32,10 @@ class AgentSubmission(KernelSubmission):
     """What a tool call carries: the kernel and what to check it against."""  # KernelSubmission, agent options
 
     options: AgentEvalOptions | None = Field(  # type: ignore[assignment]
-        None, description="benchmark timing; tests always cover every correctness shape with the default seeds, "
-                          "benchmarks every benchmark shape")
+        None,
+        description="benchmark timing; tests always cover every correctness shape with the default seeds, "
+        "benchmarks every benchmark shape",
+    )
 
 
 def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
@@ -60,8 +62,10 @@ def tool_definitions(style: Literal["openai", "anthropic"] = "openai") -> list[d
     offered = [TOOLS[name] for name in AGENT_TOOLS]
     if style == "anthropic":
         return [{"name": t.name, "description": t.description, "input_schema": parameters} for t in offered]
-    return [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": parameters}}
-            for t in offered]
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": parameters}}
+        for t in offered
+    ]
 
 
 def tool_endpoints() -> dict[str, str]:

@@ -52,12 +52,19 @@ def correctness_coverage(spec: ProblemSpec, result: TestResult) -> Coverage:
     checked = [len(found) for found in seeds.values() if found]
     fewest_seeds = min(checked, default=0)
     full = len(checked) == len(required) and fewest_seeds >= DEFAULT_SEEDS
-    extent = (f"{len(checked)} of {len(required)} correctness shapes, "
-              + (f"{fewest_seeds} seeds each" if full else f"{fewest_seeds} of {DEFAULT_SEEDS} seeds"))
+    extent = f"{len(checked)} of {len(required)} correctness shapes, " + (
+        f"{fewest_seeds} seeds each" if full else f"{fewest_seeds} of {DEFAULT_SEEDS} seeds"
+    )
     consequence = "a narrowed test does not mark the attempt correct"
-    return Coverage(phase="test", shapes_checked=len(checked), shapes_required=len(required),
-                    seeds_checked=fewest_seeds, seeds_required=DEFAULT_SEEDS, full=full,
-                    note=_note(full, result.ok, extent, consequence))
+    return Coverage(
+        phase="test",
+        shapes_checked=len(checked),
+        shapes_required=len(required),
+        seeds_checked=fewest_seeds,
+        seeds_required=DEFAULT_SEEDS,
+        full=full,
+        note=_note(full, result.ok, extent, consequence),
+    )
 
 
 def benchmark_coverage(spec: ProblemSpec, result: BenchmarkResult) -> Coverage:
@@ -65,8 +72,13 @@ def benchmark_coverage(spec: ProblemSpec, result: BenchmarkResult) -> Coverage:
     timed = {s.shape for s in result.shapes if s.status == Status.passed} & required
     full = timed == required
     consequence = "a narrowed benchmark does not set the attempt's speedup"
-    return Coverage(phase="benchmark", shapes_checked=len(timed), shapes_required=len(required), full=full,
-                    note=_note(full, result.ok, f"{len(timed)} of {len(required)} benchmark shapes", consequence))
+    return Coverage(
+        phase="benchmark",
+        shapes_checked=len(timed),
+        shapes_required=len(required),
+        full=full,
+        note=_note(full, result.ok, f"{len(timed)} of {len(required)} benchmark shapes", consequence),
+    )
 
 
 def _note(full: bool, passed: bool, extent: str, consequence: str) -> str:

@@ -82,8 +82,9 @@ def create_db_engine(url: str) -> Engine:
     return engine
 
 
-def ensure_schema(engine: Engine, *, version: int = SCHEMA_VERSION,
-                  migrations: dict[int, Migration] | None = None) -> int:
+def ensure_schema(
+    engine: Engine, *, version: int = SCHEMA_VERSION, migrations: dict[int, Migration] | None = None
+) -> int:
     """Create the tables in an empty database, upgrade an older one, refuse what cannot be used.
 
     Returns the version the database had before (0 for a new one).
@@ -97,7 +98,8 @@ def ensure_schema(engine: Engine, *, version: int = SCHEMA_VERSION,
             raise SchemaError(
                 f"{where} has kernelloop tables ({', '.join(sorted(existing & ours))}) but no schema version, so "
                 "it was not written by this kernelloop: move it aside (or point --db / KERNELLOOP_DATABASE_URL "
-                "at another database) and start again")
+                "at another database) and start again"
+            )
         SQLModel.metadata.create_all(engine)
         with Session(engine) as session:
             session.add(SchemaInfo(id=1, version=version))
@@ -110,18 +112,22 @@ def ensure_schema(engine: Engine, *, version: int = SCHEMA_VERSION,
     if stored > version:
         raise SchemaError(
             f"{where} has schema v{stored}, newer than this kernelloop's v{version}: upgrade kernelloop "
-            "(pip install -U kernelloop) or point --db / KERNELLOOP_DATABASE_URL at another database")
+            "(pip install -U kernelloop) or point --db / KERNELLOOP_DATABASE_URL at another database"
+        )
     if stored < version:
         missing = [v for v in range(stored, version) if v not in migrations]
         if missing:
             raise SchemaError(
                 f"{where} has schema v{stored} and this kernelloop (v{version}) has no upgrade from v{missing[0]}: "
-                "keep what you need with `kernelloop history attempts --json`, move the database aside and start again")
+                "keep what you need with `kernelloop history attempts --json`, move the database aside and start again"
+            )
         for v in range(stored, version):
             with engine.begin() as connection:
                 migrations[v](connection)
-                connection.execute(text("UPDATE kernelloop_schema SET version = :v, upgraded_at = :at WHERE id = 1"),
-                                   {"v": v + 1, "at": utcnow().replace(tzinfo=None)})
+                connection.execute(
+                    text("UPDATE kernelloop_schema SET version = :v, upgraded_at = :at WHERE id = 1"),
+                    {"v": v + 1, "at": utcnow().replace(tzinfo=None)},
+                )
             log.info("upgraded %s from schema v%d to v%d", where, v, v + 1)
     SQLModel.metadata.create_all(engine)  # no-op for every table already there
     return stored
@@ -131,8 +137,10 @@ def open_database(url: str, *, create: bool = True) -> Engine:
     """An engine on a ready database. With create=False an absent SQLite file is an error, not a new file."""
     path = sqlite_path(url)
     if not create and path is not None and not path.exists():
-        raise SchemaError(f"no database at {path}: start the service (`kernelloop serve`) or the agent first, "
-                          "or give the right file with --db")
+        raise SchemaError(
+            f"no database at {path}: start the service (`kernelloop serve`) or the agent first, "
+            "or give the right file with --db"
+        )
     engine = create_db_engine(url)
     ensure_schema(engine)
     return engine

@@ -52,10 +52,13 @@ RESULT_ADAPTER: TypeAdapter[PhaseResult] = TypeAdapter(PhaseResultAny)
 def _columns(row: object, names: Iterable[str]) -> dict[str, object]:
     """The row's values for the fields of a public model (rows hold enums as plain strings)."""
     return {name: getattr(row, name) for name in names if hasattr(row, name)}
+
+
 COMPILE_FAILURES = {Status.compile_error, Status.missing_model_new, Status.signature_error}
 
 
 # -------------------------------------------------------------------------------------------- code
+
 
 def store_code(session: Session, text: str) -> str:
     """Keep the source once, keyed by its sha256 (a concurrent insert of the same text is fine)."""
@@ -71,9 +74,17 @@ def store_code(session: Session, text: str) -> str:
 
 # -------------------------------------------------------------------------------------------- runs
 
+
 def create_run(session: Session, problem: Problem, request: RunCreate) -> Run:
-    run = Run(problem_id=row_id(problem), name=request.name, proposer=request.proposer, model=request.model,
-              backend=request.backend, notes=request.notes, config=request.config)
+    run = Run(
+        problem_id=row_id(problem),
+        name=request.name,
+        proposer=request.proposer,
+        model=request.model,
+        backend=request.backend,
+        notes=request.notes,
+        config=request.config,
+    )
     session.add(run)
     session.commit()
     session.refresh(run)
@@ -104,24 +115,42 @@ def run_public(session: Session, run: Run) -> RunPublic:
 
 def _runs_public(session: Session, runs: Sequence[Run]) -> list[RunPublic]:
     ids = [row_id(r) for r in runs]
-    counts = dict(session.exec(select(Attempt.run_id, func.count()).where(col(Attempt.run_id).in_(ids))
-                               .group_by(col(Attempt.run_id))).all())
+    counts = dict(
+        session.exec(
+            select(Attempt.run_id, func.count()).where(col(Attempt.run_id).in_(ids)).group_by(col(Attempt.run_id))
+        ).all()
+    )
     names = dict(session.exec(select(Problem.id, Problem.name)).all())
     out = []
     for run in runs:
-        best = session.exec(select(Attempt.id, Attempt.speedup)
-                            .where(Attempt.run_id == run.id, col(Attempt.correct).is_(True),
-                                   col(Attempt.speedup).is_not(None))
-                            .order_by(col(Attempt.speedup).desc()).limit(1)).first()
-        out.append(RunPublic.model_validate({
-            **_columns(run, RunPublic.model_fields), "problem": names.get(run.problem_id, "?"),
-            "attempts": counts.get(run.id, 0), "best_attempt_id": best[0] if best else None,
-            "best_speedup": best[1] if best else None}))
+        best = session.exec(
+            select(Attempt.id, Attempt.speedup)
+            .where(Attempt.run_id == run.id, col(Attempt.correct).is_(True), col(Attempt.speedup).is_not(None))
+            .order_by(col(Attempt.speedup).desc())
+            .limit(1)
+        ).first()
+        out.append(
+            RunPublic.model_validate(
+                {
+                    **_columns(run, RunPublic.model_fields),
+                    "problem": names.get(run.problem_id, "?"),
+                    "attempts": counts.get(run.id, 0),
+                    "best_attempt_id": best[0] if best else None,
+                    "best_speedup": best[1] if best else None,
+                }
+            )
+        )
     return out
 
 
-def list_runs(session: Session, *, problem_id: int | None = None, status: RunStatus | None = None,
-              limit: int = 50, offset: int = 0) -> Page[RunPublic]:
+def list_runs(
+    session: Session,
+    *,
+    problem_id: int | None = None,
+    status: RunStatus | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> Page[RunPublic]:
     query = select(Run)
     if problem_id is not None:
         query = query.where(Run.problem_id == problem_id)
@@ -134,8 +163,10 @@ def list_runs(session: Session, *, problem_id: int | None = None, status: RunSta
 
 # ---------------------------------------------------------------------------------------- attempts
 
-def create_attempt(session: Session, problem: Problem, request: SubmissionRequest, backend: Backend,
-                   client: str) -> tuple[Attempt, bool]:
+
+def create_attempt(
+    session: Session, problem: Problem, request: SubmissionRequest, backend: Backend, client: str
+) -> tuple[Attempt, bool]:
     """Record a submission. Within a run, the same code on the same backend is the same attempt
     (a compile, then a test, then a benchmark of one kernel); returns (attempt, reused)."""
     digest = store_code(session, request.code)
@@ -143,15 +174,26 @@ def create_attempt(session: Session, problem: Problem, request: SubmissionReques
     def existing() -> Attempt | None:
         if request.run_id is None:
             return None
-        return session.exec(select(Attempt).where(Attempt.run_id == request.run_id, Attempt.code_sha256 == digest,
-                                                  Attempt.backend == backend)).first()
+        return session.exec(
+            select(Attempt).where(
+                Attempt.run_id == request.run_id, Attempt.code_sha256 == digest, Attempt.backend == backend
+            )
+        ).first()
 
     found = existing()
     if found is not None:
         return found, True
-    attempt = Attempt(problem_id=row_id(problem), run_id=request.run_id, parent_id=request.parent_attempt_id,
-                      step=request.step, backend=backend, proposer=request.proposer, rationale=request.rationale,
-                      code_sha256=digest, client=client)
+    attempt = Attempt(
+        problem_id=row_id(problem),
+        run_id=request.run_id,
+        parent_id=request.parent_attempt_id,
+        step=request.step,
+        backend=backend,
+        proposer=request.proposer,
+        rationale=request.rationale,
+        code_sha256=digest,
+        client=client,
+    )
     session.add(attempt)
     try:
         session.commit()
@@ -165,8 +207,16 @@ def create_attempt(session: Session, problem: Problem, request: SubmissionReques
     return attempt, False
 
 
-def record_evaluation(session: Session, attempt_id: int, job_id: int | None, result: PhaseResult, *,
-                      created_at: datetime, started_at: datetime, finished_at: datetime) -> Evaluation:
+def record_evaluation(
+    session: Session,
+    attempt_id: int,
+    job_id: int | None,
+    result: PhaseResult,
+    *,
+    created_at: datetime,
+    started_at: datetime,
+    finished_at: datetime,
+) -> Evaluation:
     """Store one verdict with its log, and bring the attempt's summary up to date (one transaction)."""
     compiled = compile_part(result)
     log = compiled.log if compiled is not None else ""
@@ -174,13 +224,24 @@ def record_evaluation(session: Session, attempt_id: int, job_id: int | None, res
         log = "\n".join(part for part in (result.sandbox.stdout, result.sandbox.stderr) if part)
     speedup = result.geomean_speedup if isinstance(result, BenchmarkResult) else None
     evaluation = Evaluation(
-        attempt_id=attempt_id, job_id=job_id, kind=result.kind, status=result.status, message=result.message,
-        backend=result.backend, device=result.device, isolation=result.sandbox.isolation if result.sandbox else None,
+        attempt_id=attempt_id,
+        job_id=job_id,
+        kind=result.kind,
+        status=result.status,
+        message=result.message,
+        backend=result.backend,
+        device=result.device,
+        isolation=result.sandbox.isolation if result.sandbox else None,
         toolchain=compiled.toolchain if compiled is not None else {},
         build_seconds=compiled.build_seconds if compiled is not None else None,
-        wall_seconds=result.sandbox.wall_seconds if result.sandbox else None, speedup=speedup,
-        created_at=created_at, started_at=started_at, finished_at=finished_at,
-        result=result.model_dump(mode="json"), log=log)
+        wall_seconds=result.sandbox.wall_seconds if result.sandbox else None,
+        speedup=speedup,
+        created_at=created_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        result=result.model_dump(mode="json"),
+        log=log,
+    )
     session.add(evaluation)
     attempt = session.get(Attempt, attempt_id)
     assert attempt is not None
@@ -217,9 +278,11 @@ def _count(attempt: Attempt, verdict: Counted) -> None:
 def recount_attempts(session: Session) -> int:
     """Recompute every tested or timed attempt's `correct` and `speedup` from its evaluations by the coverage
     rule (the upgrade to schema v2); returns how many attempts were recounted. Flushes, does not commit."""
-    verdicts = session.exec(select(Evaluation.attempt_id, Evaluation.result)
-                            .where(col(Evaluation.kind).in_(["test", "benchmark"]))
-                            .order_by(col(Evaluation.attempt_id), col(Evaluation.id))).all()
+    verdicts = session.exec(
+        select(Evaluation.attempt_id, Evaluation.result)
+        .where(col(Evaluation.kind).in_(["test", "benchmark"]))
+        .order_by(col(Evaluation.attempt_id), col(Evaluation.id))
+    ).all()
     specs: dict[int, ProblemSpec] = {}
     recounted: set[int] = set()
     for attempt_id, result in verdicts:
@@ -237,15 +300,20 @@ def recount_attempts(session: Session) -> int:
 
 
 def _summary_rows(session: Session, query) -> list[AttemptSummary]:
-    return [AttemptSummary.model_validate({**_columns(attempt, AttemptSummary.model_fields), "problem": name,
-                                           "code_bytes": size})
-            for attempt, name, size in session.exec(query).all()]
+    return [
+        AttemptSummary.model_validate(
+            {**_columns(attempt, AttemptSummary.model_fields), "problem": name, "code_bytes": size}
+        )
+        for attempt, name, size in session.exec(query).all()
+    ]
 
 
 def _summary_query():
-    return (select(Attempt, Problem.name, CodeBlob.size_bytes)
-            .join(Problem, col(Problem.id) == col(Attempt.problem_id))
-            .join(CodeBlob, col(CodeBlob.sha256) == col(Attempt.code_sha256)))
+    return (
+        select(Attempt, Problem.name, CodeBlob.size_bytes)
+        .join(Problem, col(Problem.id) == col(Attempt.problem_id))
+        .join(CodeBlob, col(CodeBlob.sha256) == col(Attempt.code_sha256))
+    )
 
 
 def list_attempts(session: Session, f: AttemptFilter) -> Page[AttemptSummary]:
@@ -265,8 +333,12 @@ def list_attempts(session: Session, f: AttemptFilter) -> Page[AttemptSummary]:
         conditions.append(col(Attempt.correct) == f.correct)
     if f.min_speedup is not None:
         conditions.append(col(Attempt.speedup) >= f.min_speedup)
-    key = {"created": col(Attempt.created_at), "speedup": col(Attempt.speedup), "step": col(Attempt.step),
-           "id": col(Attempt.id)}[f.sort]
+    key = {
+        "created": col(Attempt.created_at),
+        "speedup": col(Attempt.speedup),
+        "step": col(Attempt.step),
+        "id": col(Attempt.id),
+    }[f.sort]
     ordered = key.desc() if f.order == "desc" else key.asc()
     tiebreak = col(Attempt.id).desc() if f.order == "desc" else col(Attempt.id).asc()
     query = _summary_query().where(*conditions)
@@ -286,20 +358,30 @@ def attempt_detail(session: Session, attempt_id: int) -> AttemptDetail | None:
     if summary is None:
         return None
     code = session.get(CodeBlob, summary.code_sha256)
-    evaluations = session.exec(select(Evaluation).where(Evaluation.attempt_id == attempt_id)
-                               .order_by(col(Evaluation.id))).all()
+    evaluations = session.exec(
+        select(Evaluation).where(Evaluation.attempt_id == attempt_id).order_by(col(Evaluation.id))
+    ).all()
     jobs = [row_id(job) for job in session.exec(select(Job).where(Job.attempt_id == attempt_id).order_by(col(Job.id)))]
     attempt = session.get(Attempt, attempt_id)
     assert attempt is not None
     spec = problem_spec(session, attempt.problem_id)
-    return AttemptDetail(**summary.model_dump(), code=code.text if code else "",
-                         evaluations=[evaluation_public(e, spec) for e in evaluations], jobs=jobs)
+    return AttemptDetail(
+        **summary.model_dump(),
+        code=code.text if code else "",
+        evaluations=[evaluation_public(e, spec) for e in evaluations],
+        jobs=jobs,
+    )
 
 
 def evaluation_public(evaluation: Evaluation, spec: ProblemSpec) -> EvaluationPublic:
     result = parse_result(evaluation.result)
-    return EvaluationPublic.model_validate({**_columns(evaluation, EvaluationPublic.model_fields), "result": result,
-                                            "coverage": counted(spec, result).coverage})
+    return EvaluationPublic.model_validate(
+        {
+            **_columns(evaluation, EvaluationPublic.model_fields),
+            "result": result,
+            "coverage": counted(spec, result).coverage,
+        }
+    )
 
 
 def attempt_code(session: Session, attempt_id: int) -> str | None:
@@ -314,16 +396,24 @@ def diff_attempts(session: Session, from_id: int, to_id: int) -> AttemptDiff | N
     old, new = attempt_code(session, from_id), attempt_code(session, to_id)
     if old is None or new is None:
         return None
-    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                 fromfile=f"attempt {from_id}", tofile=f"attempt {to_id}")
+    lines = difflib.unified_diff(
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        fromfile=f"attempt {from_id}",
+        tofile=f"attempt {to_id}",
+    )
     return AttemptDiff(from_attempt=from_id, to_attempt=to_id, identical=old == new, diff="".join(lines))
 
 
-def leaderboard(session: Session, *, problem_id: int | None = None, backend: Backend | None = None,
-                limit: int = 10) -> list[LeaderboardEntry]:
+def leaderboard(
+    session: Session, *, problem_id: int | None = None, backend: Backend | None = None, limit: int = 10
+) -> list[LeaderboardEntry]:
     """Correct attempts by speedup: the top `limit` of one problem, or the best of every problem."""
-    base = (select(Attempt, Problem.name).join(Problem, col(Problem.id) == col(Attempt.problem_id))
-            .where(col(Attempt.correct).is_(True), col(Attempt.speedup).is_not(None)))
+    base = (
+        select(Attempt, Problem.name)
+        .join(Problem, col(Problem.id) == col(Attempt.problem_id))
+        .where(col(Attempt.correct).is_(True), col(Attempt.speedup).is_not(None))
+    )
     if backend is not None:
         base = base.where(Attempt.backend == backend)
     order = (col(Attempt.speedup).desc(), col(Attempt.id).asc())
@@ -331,12 +421,25 @@ def leaderboard(session: Session, *, problem_id: int | None = None, backend: Bac
         rows = session.exec(base.where(Attempt.problem_id == problem_id).order_by(*order).limit(limit)).all()
     else:
         problem_ids = session.exec(select(Problem.id).order_by(Problem.name)).all()
-        rows = [row for pid in problem_ids
-                for row in session.exec(base.where(Attempt.problem_id == pid).order_by(*order).limit(1)).all()]
-    return [LeaderboardEntry(rank=i + 1 if problem_id is not None else 1, problem=name, attempt_id=a.id,
-                             run_id=a.run_id, backend=a.backend, device=a.device, speedup=a.speedup,
-                             proposer=a.proposer, created_at=a.created_at)
-            for i, (a, name) in enumerate(rows)]
+        rows = [
+            row
+            for pid in problem_ids
+            for row in session.exec(base.where(Attempt.problem_id == pid).order_by(*order).limit(1)).all()
+        ]
+    return [
+        LeaderboardEntry(
+            rank=i + 1 if problem_id is not None else 1,
+            problem=name,
+            attempt_id=a.id,
+            run_id=a.run_id,
+            backend=a.backend,
+            device=a.device,
+            speedup=a.speedup,
+            proposer=a.proposer,
+            created_at=a.created_at,
+        )
+        for i, (a, name) in enumerate(rows)
+    ]
 
 
 def parse_result(data: Mapping[str, Any]) -> PhaseResult:

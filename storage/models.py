@@ -71,6 +71,7 @@ def _timestamp() -> Any:
 
 # ------------------------------------------------------------------------------------------ schema
 
+
 class SchemaInfo(SQLModel, table=True):
     """One row: the schema version the database was written with."""
 
@@ -82,6 +83,7 @@ class SchemaInfo(SQLModel, table=True):
 
 
 # ---------------------------------------------------------------------------------------- problems
+
 
 class Problem(SQLModel, table=True):
     """A reference problem: shipped with kernelloop, or registered over HTTP after a sandboxed check."""
@@ -100,6 +102,7 @@ class Problem(SQLModel, table=True):
 
 # -------------------------------------------------------------------------------------------- runs
 
+
 class Run(RunBase, table=True):
     """One agent session (or any group of attempts a client wants kept together)."""
 
@@ -115,6 +118,7 @@ class Run(RunBase, table=True):
 
 
 # ---------------------------------------------------------------------------------------- attempts
+
 
 class CodeBlob(SQLModel, table=True):
     """Submitted source, stored once however often it is submitted."""
@@ -166,6 +170,7 @@ class Evaluation(EvaluationBase, table=True):
 
 
 # -------------------------------------------------------------------------------------------- jobs
+
 
 class Job(SQLModel, table=True):
     """A queued request to evaluate an attempt: one or more steps, each run on a CPU or a GPU lane."""

@@ -32,8 +32,16 @@ def sync_shipped(session: Session) -> list[str]:
         row = session.exec(select(Problem).where(Problem.name == name)).first()
         digest = sha256_text(spec.source)
         if row is None:
-            session.add(Problem(name=name, origin="shipped", sha256=digest, source=spec.source, path=spec.path,
-                                spec=spec.model_dump(mode="json")))
+            session.add(
+                Problem(
+                    name=name,
+                    origin="shipped",
+                    sha256=digest,
+                    source=spec.source,
+                    path=spec.path,
+                    spec=spec.model_dump(mode="json"),
+                )
+            )
         elif row.origin != "shipped":
             log.warning("a registered problem is named %r like a shipped one: the registered one is kept", name)
         elif row.sha256 != digest or row.path != spec.path:
@@ -80,8 +88,14 @@ def spec_of(row: Problem) -> ProblemSpec:
 
 def register(session: Session, spec: ProblemSpec) -> Problem:
     """Keep a problem that passed its sandboxed check; `spec.path` is already its final file."""
-    row = Problem(name=spec.name, origin="registered", sha256=sha256_text(spec.source), source=spec.source,
-                  path=spec.path, spec=spec.model_dump(mode="json"))
+    row = Problem(
+        name=spec.name,
+        origin="registered",
+        sha256=sha256_text(spec.source),
+        source=spec.source,
+        path=spec.path,
+        spec=spec.model_dump(mode="json"),
+    )
     session.add(row)
     session.commit()
     session.refresh(row)
@@ -91,12 +105,23 @@ def register(session: Session, spec: ProblemSpec) -> Problem:
 def summary(row: Problem) -> ProblemSummary:
     spec = spec_of(row)
     return ProblemSummary(
-        name=row.name, origin=row.origin, dtype=spec.dtype, tolerance=spec.tolerance,
-        correctness_shapes=sum(s.correctness for s in spec.shapes), benchmark_shapes=sum(s.benchmark for s in spec.shapes),
-        sha256=row.sha256, created_at=row.created_at)
+        name=row.name,
+        origin=row.origin,
+        dtype=spec.dtype,
+        tolerance=spec.tolerance,
+        correctness_shapes=sum(s.correctness for s in spec.shapes),
+        benchmark_shapes=sum(s.benchmark for s in spec.shapes),
+        sha256=row.sha256,
+        created_at=row.created_at,
+    )
 
 
 def detail(row: Problem) -> ProblemDetail:
     spec = spec_of(row)
-    return ProblemDetail(**summary(row).model_dump(), source=row.source, forbidden_ops=spec.forbidden_ops,
-                         has_metadata=spec.has_metadata, shapes=spec.shapes)
+    return ProblemDetail(
+        **summary(row).model_dump(),
+        source=row.source,
+        forbidden_ops=spec.forbidden_ops,
+        has_metadata=spec.has_metadata,
+        shapes=spec.shapes,
+    )

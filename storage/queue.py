@@ -53,8 +53,15 @@ def add_event(session: Session, job_id: int, type_: str, **data: object) -> None
 
 def enqueue(session: Session, attempt: Attempt, phase: JobPhase, options: EvalOptions, client: str) -> Job:
     steps = steps_for(phase, attempt.backend)
-    job = Job(attempt_id=row_id(attempt), phase=phase, steps=steps, needs=lane_kind(steps[0], attempt.backend),
-              options=options.model_dump(mode="json"), client=client, status=JobStatus.queued)
+    job = Job(
+        attempt_id=row_id(attempt),
+        phase=phase,
+        steps=steps,
+        needs=lane_kind(steps[0], attempt.backend),
+        options=options.model_dump(mode="json"),
+        client=client,
+        status=JobStatus.queued,
+    )
     session.add(job)
     attempt.status, attempt.updated_at = "pending", utcnow()
     session.add(attempt)
@@ -69,14 +76,25 @@ def claim_next(engine: Engine, needs: LaneKind, lane: str) -> int | None:
     """Take the oldest queued job for this lane kind; None when there is none."""
     with Session(engine) as session:
         for _ in range(20):  # another lane may win the race for a job; then try the next one
-            job_id = session.exec(select(Job.id).where(Job.status == JobStatus.queued.value, Job.needs == needs)
-                                  .order_by(col(Job.id)).limit(1)).first()
+            job_id = session.exec(
+                select(Job.id)
+                .where(Job.status == JobStatus.queued.value, Job.needs == needs)
+                .order_by(col(Job.id))
+                .limit(1)
+            ).first()
             if job_id is None:
                 return None
             now = utcnow()
-            claimed = session.exec(update(Job).where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued.value)
-                                   .values(status=JobStatus.running.value, lane=lane, updated_at=now,
-                                           started_at=func.coalesce(Job.started_at, now)))
+            claimed = session.exec(
+                update(Job)
+                .where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued.value)
+                .values(
+                    status=JobStatus.running.value,
+                    lane=lane,
+                    updated_at=now,
+                    started_at=func.coalesce(Job.started_at, now),
+                )
+            )
             if claimed.rowcount == 1:
                 job = session.get(Job, job_id)
                 assert job is not None
@@ -109,9 +127,16 @@ def step_context(session: Session, job_id: int) -> StepContext:
     problem = session.get(Problem, attempt.problem_id)
     code = session.get(CodeBlob, attempt.code_sha256)
     assert problem is not None and code is not None
-    return StepContext(job_id=job_id, attempt_id=row_id(attempt), step=job.steps[job.step_index],
-                       problem=ProblemSpec.model_validate(problem.spec), code=code.text, backend=attempt.backend,
-                       options=EvalOptions.model_validate(job.options), created_at=job.created_at)
+    return StepContext(
+        job_id=job_id,
+        attempt_id=row_id(attempt),
+        step=job.steps[job.step_index],
+        problem=ProblemSpec.model_validate(problem.spec),
+        code=code.text,
+        backend=attempt.backend,
+        options=EvalOptions.model_validate(job.options),
+        created_at=job.created_at,
+    )
 
 
 def progress_data(result: PhaseResult) -> dict[str, object]:
@@ -123,13 +148,20 @@ def progress_data(result: PhaseResult) -> dict[str, object]:
     if isinstance(result, TestResult) and result.checks:
         last = result.checks[-1]
         data["checks_done"] = len(result.checks)
-        data["last_check"] = {"shape": last.shape, "seed": last.seed, "status": last.status.value,
-                              "max_rel_error": last.max_rel_error}
+        data["last_check"] = {
+            "shape": last.shape,
+            "seed": last.seed,
+            "status": last.status.value,
+            "max_rel_error": last.max_rel_error,
+        }
     if isinstance(result, BenchmarkResult) and result.shapes:
         last_shape = result.shapes[-1]
         data["shapes_done"] = len(result.shapes)
-        data["last_shape"] = {"shape": last_shape.shape, "status": last_shape.status.value,
-                              "speedup": last_shape.speedup}
+        data["last_shape"] = {
+            "shape": last_shape.shape,
+            "status": last_shape.status.value,
+            "speedup": last_shape.speedup,
+        }
     return data
 
 
@@ -139,22 +171,38 @@ def record_progress(engine: Engine, job_id: int, result: PhaseResult) -> None:
         session.commit()
 
 
-def finish_step(engine: Engine, job_id: int, result: PhaseResult, *, started_at: datetime,
-                finished_at: datetime) -> Job:
+def finish_step(
+    engine: Engine, job_id: int, result: PhaseResult, *, started_at: datetime, finished_at: datetime
+) -> Job:
     """Keep the step's verdict; queue the next step if it passed, else finish the job."""
     with Session(engine) as session:
         job = session.get(Job, job_id)
         assert job is not None
-        evaluation = record_evaluation(session, job.attempt_id, job_id, result, created_at=job.created_at,
-                                       started_at=started_at, finished_at=finished_at)
+        evaluation = record_evaluation(
+            session,
+            job.attempt_id,
+            job_id,
+            result,
+            created_at=job.created_at,
+            started_at=started_at,
+            finished_at=finished_at,
+        )
         job = session.get(Job, job_id)
         assert job is not None
         attempt = session.get(Attempt, job.attempt_id)
         assert attempt is not None
         step = job.steps[job.step_index]
         extra = {"speedup": result.geomean_speedup} if isinstance(result, BenchmarkResult) else {}
-        add_event(session, job_id, "step_finished", step=step, status=result.status.value, message=result.message,
-                  evaluation_id=evaluation.id, **extra)
+        add_event(
+            session,
+            job_id,
+            "step_finished",
+            step=step,
+            status=result.status.value,
+            message=result.message,
+            evaluation_id=evaluation.id,
+            **extra,
+        )
         job.outcome, job.updated_at, job.lane = result.status.value, utcnow(), None
         if result.status == Status.passed and job.step_index + 1 < len(job.steps):
             job.step_index += 1
@@ -164,8 +212,14 @@ def finish_step(engine: Engine, job_id: int, result: PhaseResult, *, started_at:
             session.add(attempt)
             session.add(job)
             session.flush()
-            add_event(session, job_id, "queued", step=job.steps[job.step_index], needs=job.needs,
-                      queue_position=queue_position(session, job))
+            add_event(
+                session,
+                job_id,
+                "queued",
+                step=job.steps[job.step_index],
+                needs=job.needs,
+                queue_position=queue_position(session, job),
+            )
         else:
             job.status, job.finished_at = JobStatus.finished, utcnow()
             session.add(job)
@@ -205,12 +259,23 @@ def requeue_running(engine: Engine, *, max_interruptions: int, reason: str) -> l
             job.interruptions += 1
             stamp = utcnow().strftime("%Y-%m-%d %H:%M:%S UTC")
             line = f"{stamp}: interrupted ({reason}) during step {step} on lane {lane}"
-            add_event(session, job.id, "interrupted", step=step, lane=lane, reason=reason,  # type: ignore[arg-type]
-                      interruptions=job.interruptions)
+            add_event(
+                session,
+                row_id(job),
+                "interrupted",
+                step=step,
+                lane=lane,
+                reason=reason,
+                interruptions=job.interruptions,
+            )
             if job.interruptions > max_interruptions:
                 job.note = (job.note + "\n" if job.note else "") + line
-                _fail(session, job, f"not queued again: interrupted {job.interruptions} times "
-                                    f"(more than KERNELLOOP_MAX_JOB_INTERRUPTIONS={max_interruptions})")
+                _fail(
+                    session,
+                    job,
+                    f"not queued again: interrupted {job.interruptions} times "
+                    f"(more than KERNELLOOP_MAX_JOB_INTERRUPTIONS={max_interruptions})",
+                )
                 continue
             job.note = (job.note + "\n" if job.note else "") + line + "; queued again"
             job.status, job.lane, job.updated_at = JobStatus.queued, None, utcnow()
@@ -224,15 +289,21 @@ def requeue_running(engine: Engine, *, max_interruptions: int, reason: str) -> l
 def queue_position(session: Session, job: Job) -> int | None:
     if job.status != JobStatus.queued.value:
         return None
-    ahead = session.exec(select(func.count()).select_from(Job).where(
-        Job.status == JobStatus.queued.value, Job.needs == job.needs, col(Job.id) < job.id)).one()
+    ahead = session.exec(
+        select(func.count())
+        .select_from(Job)
+        .where(Job.status == JobStatus.queued.value, Job.needs == job.needs, col(Job.id) < job.id)
+    ).one()
     return ahead + 1
 
 
 def queue_depth(session: Session) -> dict[str, int]:
     """Queued jobs per lane kind, and running jobs."""
-    rows = session.exec(select(Job.status, Job.needs, func.count()).where(
-        col(Job.status).in_([JobStatus.queued.value, JobStatus.running.value])).group_by(Job.status, Job.needs)).all()
+    rows = session.exec(
+        select(Job.status, Job.needs, func.count())
+        .where(col(Job.status).in_([JobStatus.queued.value, JobStatus.running.value]))
+        .group_by(Job.status, Job.needs)
+    ).all()
     depth = {"cpu": 0, "gpu": 0, "running": 0}
     for status, needs, count in rows:
         if status == JobStatus.running.value:
@@ -243,8 +314,11 @@ def queue_depth(session: Session) -> dict[str, int]:
 
 
 def events_after(session: Session, job_id: int, after: int = 0) -> list[JobEvent]:
-    return list(session.exec(select(JobEvent).where(JobEvent.job_id == job_id, col(JobEvent.id) > after)
-                             .order_by(col(JobEvent.id))).all())
+    return list(
+        session.exec(
+            select(JobEvent).where(JobEvent.job_id == job_id, col(JobEvent.id) > after).order_by(col(JobEvent.id))
+        ).all()
+    )
 
 
 def job_public(session: Session, job: Job, *, reused_attempt: bool = False) -> JobPublic:
@@ -252,25 +326,45 @@ def job_public(session: Session, job: Job, *, reused_attempt: bool = False) -> J
     assert attempt is not None
     problem = session.get(Problem, attempt.problem_id)
     assert problem is not None
-    evaluations = session.exec(select(Evaluation.result).where(Evaluation.job_id == job.id)
-                               .order_by(col(Evaluation.id))).all()
+    evaluations = session.exec(
+        select(Evaluation.result).where(Evaluation.job_id == job.id).order_by(col(Evaluation.id))
+    ).all()
     results = [parse_result(r) for r in evaluations]
     spec = spec_of(problem)
     verdicts = [counted(spec, result) for result in results]
     return JobPublic(
-        id=job.id, attempt_id=job.attempt_id, run_id=attempt.run_id, problem=problem.name,
-        backend=attempt.backend, phase=job.phase, steps=job.steps, step_index=job.step_index, status=job.status,
-        queue_position=queue_position(session, job), needs=job.needs, lane=job.lane, outcome=job.outcome,
-        note=job.note, interruptions=job.interruptions, reused_attempt=reused_attempt, created_at=job.created_at,
-        started_at=job.started_at, finished_at=job.finished_at, results=results,
+        id=job.id,
+        attempt_id=job.attempt_id,
+        run_id=attempt.run_id,
+        problem=problem.name,
+        backend=attempt.backend,
+        phase=job.phase,
+        steps=job.steps,
+        step_index=job.step_index,
+        status=job.status,
+        queue_position=queue_position(session, job),
+        needs=job.needs,
+        lane=job.lane,
+        outcome=job.outcome,
+        note=job.note,
+        interruptions=job.interruptions,
+        reused_attempt=reused_attempt,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        results=results,
         coverage=[v.coverage for v in verdicts if v.coverage is not None],
         correct=next((v.correct for v in reversed(verdicts) if v.correct is not None), None),
         speedup=next((v.speedup for v in reversed(verdicts) if v.speedup is not None), None),
-        links=JobLinks(self=f"/v1/jobs/{job.id}", events=f"/v1/jobs/{job.id}/events",
-                       attempt=f"/v1/attempts/{job.attempt_id}"))
+        links=JobLinks(
+            self=f"/v1/jobs/{job.id}", events=f"/v1/jobs/{job.id}/events", attempt=f"/v1/attempts/{job.attempt_id}"
+        ),
+    )
 
 
-def list_jobs(session: Session, *, status: JobStatus | None = None, limit: int = 50, offset: int = 0) -> tuple[list[Job], int]:
+def list_jobs(
+    session: Session, *, status: JobStatus | None = None, limit: int = 50, offset: int = 0
+) -> tuple[list[Job], int]:
     query = select(Job)
     if status is not None:
         query = query.where(Job.status == status.value)

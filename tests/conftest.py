@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 SUBMISSIONS = Path(__file__).resolve().parent / "submissions"
 KERNELLOOP_COMMAND = [sys.executable, "-m", "kernelloop"]
 PROBLEM = "causal_conv1d"
+CPU_EXAMPLE = (REPO / "reference_problems" / "causal_conv1d" / "example_cpu.py").read_text()
 ONE_CHECK = EvalOptions(shapes=["small"], seeds=1)  # enough to show a failure; keeps each job ~2 s
 HELPER_NAME = "kernelloop_test_helpers"
 
@@ -104,20 +105,32 @@ VARIANT(conv_hang, Flaw::hang)
 VARIANT(conv_mutate_input, Flaw::mutate)
 VARIANT(conv_unwritten, Flaw::unwritten)
 """
-HELPER_FUNCTIONS = ["conv_correct", "conv_off_by_one", "conv_nan", "conv_segfault_with_bias", "conv_hang",
-                    "conv_mutate_input", "conv_unwritten"]
+HELPER_FUNCTIONS = [
+    "conv_correct",
+    "conv_off_by_one",
+    "conv_nan",
+    "conv_segfault_with_bias",
+    "conv_hang",
+    "conv_mutate_input",
+    "conv_unwritten",
+]
 
 
-def candidate_source(module_dir: Path, module_name: str, function: str, *, prelude: str = "",
-                     forward_prelude: str = "") -> str:
+def candidate_source(
+    module_dir: Path, module_name: str, function: str, *, prelude: str = "", forward_prelude: str = ""
+) -> str:
     """A causal-conv1d candidate whose forward calls `function` of the prebuilt extension `module_name`
     in `module_dir`. `prelude` runs at import, `forward_prelude` at the start of every forward."""
-    return CANDIDATE_TEMPLATE.format(module_dir=str(module_dir), name=module_name, function=function,
-                                     prelude=textwrap.dedent(prelude),
-                                     forward_prelude=textwrap.indent(textwrap.dedent(forward_prelude), " " * 8))
+    return CANDIDATE_TEMPLATE.format(
+        module_dir=str(module_dir),
+        name=module_name,
+        function=function,
+        prelude=textwrap.dedent(prelude),
+        forward_prelude=textwrap.indent(textwrap.dedent(forward_prelude), " " * 8),
+    )
 
 
-CANDIDATE_TEMPLATE = '''\
+CANDIDATE_TEMPLATE = """\
 import sys
 
 import torch
@@ -139,7 +152,7 @@ class ModelNew(nn.Module):
     def forward(self, x):
 {forward_prelude}
         return kernels.{function}(x, self.weight, self.bias, self.dilation)
-'''
+"""
 
 
 @dataclass
@@ -151,8 +164,9 @@ class Session:
     def helper_candidate(self, function: str, *, prelude: str = "", forward_prelude: str = "") -> str:
         """A candidate whose forward calls one function of the session's C++ helper extension."""
         assert function in HELPER_FUNCTIONS, function
-        return candidate_source(self.helper_dir, HELPER_NAME, function, prelude=prelude,
-                                forward_prelude=forward_prelude)
+        return candidate_source(
+            self.helper_dir, HELPER_NAME, function, prelude=prelude, forward_prelude=forward_prelude
+        )
 
 
 def line_of(source: str, marker: str) -> int:
@@ -166,11 +180,13 @@ def cpu_correctness_shapes() -> list[str]:
     return [s.name for s in load_problem(PROBLEM).correctness_shapes("cpu")]
 
 
-def run_kernelloop(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-                   timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_kernelloop(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run `kernelloop ARGS` to completion, its output captured as text; env and cwd None mean this process's."""
-    return subprocess.run([*KERNELLOOP_COMMAND, *args], env=env, cwd=cwd, timeout=timeout, capture_output=True,
-                          text=True)
+    return subprocess.run(
+        [*KERNELLOOP_COMMAND, *args], env=env, cwd=cwd, timeout=timeout, capture_output=True, text=True
+    )
 
 
 def _session_root() -> Path:
@@ -207,7 +223,13 @@ def kl(workspace: Workspace) -> Session:
 
     helper_dir = workspace.root / "helper"
     helper_dir.mkdir()
-    load_inline(name=HELPER_NAME, cpp_sources=HELPER_SOURCE, functions=HELPER_FUNCTIONS,
-                extra_cflags=["-O3"], build_directory=str(helper_dir), verbose=False)
+    load_inline(
+        name=HELPER_NAME,
+        cpp_sources=HELPER_SOURCE,
+        functions=HELPER_FUNCTIONS,
+        extra_cflags=["-O3"],
+        build_directory=str(helper_dir),
+        verbose=False,
+    )
     assert (helper_dir / f"{HELPER_NAME}.so").is_file()
     return Session(root=workspace.root, settings=workspace.settings, helper_dir=helper_dir)

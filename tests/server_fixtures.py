@@ -20,19 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import KERNELLOOP_COMMAND
+from conftest import CPU_EXAMPLE, KERNELLOOP_COMMAND, REPO
 
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemSpec, load_problem
 from kernelloop.tools.results import Backend, BenchmarkResult, ShapeBenchmark, ShapeCheck, Status, TestResult
 
-REPO = Path(__file__).resolve().parent.parent
-CPU_EXAMPLE = (REPO / "reference_problems" / "causal_conv1d" / "example_cpu.py").read_text()
 CUDA_EXAMPLE = (REPO / "reference_problems" / "causal_conv1d" / "example_cuda.py").read_text()
 TOKEN = "test-token-7f3a"
 
 # A correct causal conv1d in plain PyTorch (no build, no convolution operator): cheap distinct submissions.
-PYTHON_CONV = '''\
+PYTHON_CONV = """\
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -53,7 +51,7 @@ class ModelNew(nn.Module):
         if self.bias is not None:
             y = y + self.bias[None, :, None]
         return y{tail}
-'''
+"""
 
 
 def python_conv(prelude: str = "", tail: str = "") -> str:
@@ -88,8 +86,16 @@ def free_port() -> int:
 class ServiceProcess:
     """`python -m kernelloop serve` in its own process, on a free loopback port."""
 
-    def __init__(self, name: str, *, token: str | None = TOKEN, cpu_workers: int = 2, rate_limit: int = 100_000,
-                 extra_env: dict[str, str] | None = None, data_dir: Path | None = None):
+    def __init__(
+        self,
+        name: str,
+        *,
+        token: str | None = TOKEN,
+        cpu_workers: int = 2,
+        rate_limit: int = 100_000,
+        extra_env: dict[str, str] | None = None,
+        data_dir: Path | None = None,
+    ):
         self.name, self.token = name, token
         self.data_dir = data_dir or shared_data_dir()
         self.db = self.data_dir / f"{name}.sqlite3"
@@ -98,9 +104,13 @@ class ServiceProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELLOOP_")}
-        env.update(KERNELLOOP_DATA_DIR=str(self.data_dir), KERNELLOOP_PROBLEMS_DIR=str(self.problems_dir),
-                   KERNELLOOP_CPU_WORKERS=str(cpu_workers), KERNELLOOP_RATE_LIMIT_PER_MINUTE=str(rate_limit),
-                   PYTHONUNBUFFERED="1")
+        env.update(
+            KERNELLOOP_DATA_DIR=str(self.data_dir),
+            KERNELLOOP_PROBLEMS_DIR=str(self.problems_dir),
+            KERNELLOOP_CPU_WORKERS=str(cpu_workers),
+            KERNELLOOP_RATE_LIMIT_PER_MINUTE=str(rate_limit),
+            PYTHONUNBUFFERED="1",
+        )
         if token is not None:
             env["KERNELLOOP_API_TOKEN"] = token
         env.update(extra_env or {})
@@ -111,7 +121,12 @@ class ServiceProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [*KERNELLOOP_COMMAND, "serve", "--port", str(self.port), "--db", str(self.db)],
-                cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -153,31 +168,50 @@ def submission(code: str = CPU_EXAMPLE, problem: str = "causal_conv1d", **fields
 
 # narrowed (two shapes, one seed): fast, recorded, but never counted as correct
 QUICK_TEST = {"shapes": ["small", "bias"], "seeds": 1}
-QUICK_EVAL = {"shapes": ["small", "cpu_b4_c64_o64_k3_d1_l8192"], "seeds": 1, "time_budget_s": 0.2,
-              "min_samples": 3, "max_samples": 20}
+QUICK_EVAL = {
+    "shapes": ["small", "cpu_b4_c64_o64_k3_d1_l8192"],
+    "seeds": 1,
+    "time_budget_s": 0.2,
+    "min_samples": 3,
+    "max_samples": 20,
+}
 # every shape with the default seeds, short timings: counts for the attempt
 COUNTED_EVAL = {"time_budget_s": 0.2, "min_samples": 3, "max_samples": 20}
 
 
 # ---------------------------------------------------------------------------- verdicts made by hand
 
+
 @functools.cache
 def _spec(problem: str) -> ProblemSpec:
     return load_problem(problem)
 
 
-def passed_test(problem: str = "causal_conv1d", backend: Backend = "cpu", *, shapes: list[str] | None = None,
-                seeds: int = EvalOptions().seeds, **fields: Any) -> TestResult:
+def passed_test(
+    problem: str = "causal_conv1d",
+    backend: Backend = "cpu",
+    *,
+    shapes: list[str] | None = None,
+    seeds: int = EvalOptions().seeds,
+    **fields: Any,
+) -> TestResult:
     """A passed run_tests verdict, a check per shape and seed (default: every correctness shape, default seeds)."""
     names = shapes if shapes is not None else [s.name for s in _spec(problem).correctness_shapes(backend)]
     checks = [ShapeCheck(shape=name, seed=seed, status=Status.passed) for name in names for seed in range(seeds)]
     return TestResult(status=Status.passed, problem=problem, backend=backend, checks=checks, **fields)
 
 
-def passed_benchmark(speedup: float, problem: str = "causal_conv1d", backend: Backend = "cpu", *,
-                     shapes: list[str] | None = None, **fields: Any) -> BenchmarkResult:
+def passed_benchmark(
+    speedup: float,
+    problem: str = "causal_conv1d",
+    backend: Backend = "cpu",
+    *,
+    shapes: list[str] | None = None,
+    **fields: Any,
+) -> BenchmarkResult:
     """A passed benchmark verdict timing `shapes` (default: every benchmark shape) at `speedup`."""
     names = shapes if shapes is not None else [s.name for s in _spec(problem).benchmark_shapes(backend)]
     timed = [ShapeBenchmark(shape=name, status=Status.passed, speedup=speedup) for name in names]
-    return BenchmarkResult(status=Status.passed, problem=problem, backend=backend, shapes=timed,
-                           geomean_speedup=speedup, **fields)
+    return BenchmarkResult(
+        status=Status.passed, problem=problem, backend=backend, shapes=timed, geomean_speedup=speedup, **fields
+    )

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import KERNELLOOP_COMMAND, run_kernelloop
+from conftest import KERNELLOOP_COMMAND, PROBLEM, REPO, run_kernelloop
 from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from server_fixtures import python_conv
 from sqlmodel import Session
@@ -36,9 +36,6 @@ from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history
 from kernelloop.storage.database import open_database
 from kernelloop.storage.models import Run
-
-REPO = Path(__file__).resolve().parent.parent
-PROBLEM = "causal_conv1d"
 
 NO_MODEL_NEW = "import torch\n\nclass Model:\n    pass\n"
 
@@ -120,7 +117,14 @@ def test_no_api_key_for_a_hosted_model_is_refused_before_anything_runs(settings:
 
 def test_unknown_problem_is_refused_with_the_known_ones(settings: ServiceSettings, service: EmbeddedService) -> None:
     done = run_kernelloop(
-        "agent", "run", "--problem", "no_such_problem", "--server", service.url, cwd=REPO, env=_env(settings),
+        "agent",
+        "run",
+        "--problem",
+        "no_such_problem",
+        "--server",
+        service.url,
+        cwd=REPO,
+        env=_env(settings),
         timeout=120,
     )
     assert done.returncode == 2

@@ -13,6 +13,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from conftest import PROBLEM
 from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from sqlmodel import Session
 
@@ -28,8 +29,6 @@ from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history
 from kernelloop.storage.database import open_database
 from kernelloop.storage.models import Run
-
-PROBLEM = "causal_conv1d"
 
 
 @pytest.fixture(scope="module")

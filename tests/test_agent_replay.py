@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from conftest import run_kernelloop
+from conftest import REPO, run_kernelloop
 from sqlmodel import Session
 
 from kernelloop.agent.proposers.replay import parse_transcript
@@ -21,7 +21,6 @@ from kernelloop.storage import history
 from kernelloop.storage.database import open_database
 from kernelloop.storage.models import Run
 
-REPO = Path(__file__).resolve().parent.parent
 SEED = REPO / "agent" / "transcripts" / "seed_causal_conv1d.txt"
 
 

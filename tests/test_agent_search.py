@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_kernelloop
+from conftest import REPO, run_kernelloop
 from sqlmodel import Session
 
 from kernelloop.agent.embedded import EmbeddedService
@@ -30,7 +30,6 @@ from kernelloop.storage import history
 from kernelloop.storage.database import open_database
 from kernelloop.storage.models import Run
 
-REPO = Path(__file__).resolve().parent.parent
 CI_ITERATIONS = 4
 
 
@@ -76,12 +75,13 @@ def test_search_improves_on_its_baseline_within_a_ci_budget(session_root: Path) 
     assert summary.best_path and "PARAMS = " in Path(summary.best_path).read_text()
 
     # the winner of the benchmark shape is kept with the run: template and parameters, enough to rebuild it
-    (shape, winner), = winners.items()
+    ((shape, winner),) = winners.items()
     assert winner["attempt_id"] == summary.best_attempt_id and winner["template"] == "cpu_blocked"
     assert winner["speedup"] == pytest.approx(summary.best_speedup)
     assert f"PARAMS = {json.dumps(winner['params'])}" in Path(summary.best_path).read_text().replace("'", '"')
-    shown = run_kernelloop("history", "run", str(summary.run_id), "--data-dir", str(settings.data_dir), cwd=REPO,
-                           timeout=120)
+    shown = run_kernelloop(
+        "history", "run", str(summary.run_id), "--data-dir", str(settings.data_dir), cwd=REPO, timeout=120
+    )
     assert shown.returncode == 0, shown.stderr
     assert shape in shown.stdout and winner["label"] in shown.stdout and "finished" in shown.stdout
 

@@ -22,8 +22,10 @@ def _settings(session_root: Path) -> SandboxSettings:
 
 def test_mamba_cpu_templates_pass_every_correctness_shape(session_root: Path) -> None:
     templates = {t.name: t for t in discover_templates(PROBLEM, "cpu")}
-    candidates = {"cpu_naive": templates["cpu_naive"].default_params,
-                  "cpu_vectorized": {**templates["cpu_vectorized"].default_params, "FAST_MATH": 1}}
+    candidates = {
+        "cpu_naive": templates["cpu_naive"].default_params,
+        "cpu_vectorized": {**templates["cpu_vectorized"].default_params, "FAST_MATH": 1},
+    }
     for name, params in candidates.items():
         result = api.run_tests(PROBLEM, templates[name].render(params), "cpu", settings=_settings(session_root))
         log = result.compile.log[-2000:] if result.compile else ""

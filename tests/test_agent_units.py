@@ -237,12 +237,29 @@ def test_text_and_json_transcripts_are_read(tmp_path: Path) -> None:
 
 
 def _job(**fields: object) -> JobPublic:
-    return JobPublic.model_validate({
-        "id": 1, "attempt_id": 7, "run_id": 1, "problem": "causal_conv1d", "backend": "cpu", "phase": "test",
-        "steps": ["test"], "step_index": 0, "status": "finished", "needs": "cpu", "lane": None, "note": "",
-        "interruptions": 0, "created_at": "2026-01-01T00:00:00Z", "started_at": None, "finished_at": None,
-        "results": [],
-        "links": {"self": "/v1/jobs/1", "events": "/v1/jobs/1/events", "attempt": "/v1/attempts/7"}, **fields})
+    return JobPublic.model_validate(
+        {
+            "id": 1,
+            "attempt_id": 7,
+            "run_id": 1,
+            "problem": "causal_conv1d",
+            "backend": "cpu",
+            "phase": "test",
+            "steps": ["test"],
+            "step_index": 0,
+            "status": "finished",
+            "needs": "cpu",
+            "lane": None,
+            "note": "",
+            "interruptions": 0,
+            "created_at": "2026-01-01T00:00:00Z",
+            "started_at": None,
+            "finished_at": None,
+            "results": [],
+            "links": {"self": "/v1/jobs/1", "events": "/v1/jobs/1/events", "attempt": "/v1/attempts/7"},
+            **fields,
+        }
+    )
 
 
 def test_the_loop_counts_what_the_service_counts() -> None:
@@ -253,8 +270,13 @@ def test_the_loop_counts_what_the_service_counts() -> None:
     config = AgentRunConfig(problem="causal_conv1d", backend="cpu", proposer="search")
     loop = RunLoop(config, None, None, 1, Progress(io.StringIO(), quiet=True))  # type: ignore[arg-type]
     for step, speedup in ((1, 2.0), (2, 1.5)):
-        loop._record(0, Proposal(code="x"), Outcome(step=step, trajectory=0, tool="evaluate", attempt_id=7,
-                                                    status="passed", correct=True, speedup=speedup))
+        loop._record(
+            0,
+            Proposal(code="x"),
+            Outcome(
+                step=step, trajectory=0, tool="evaluate", attempt_id=7, status="passed", correct=True, speedup=speedup
+            ),
+        )
     assert loop.best() == (7, 1.5)
 
 

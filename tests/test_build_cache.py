@@ -8,14 +8,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import PROBLEM, REPO, cpu_correctness_shapes
+from conftest import CPU_EXAMPLE, PROBLEM, cpu_correctness_shapes
 
 from kernelloop.tools import api
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import Status
-
-CPU_EXAMPLE = (REPO / "reference_problems/causal_conv1d/example_cpu.py").read_text()
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,21 @@ def _kernelloop(kl, *args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_json_passes(kl):
     path = kl.root / "correct.py"
     path.write_text(kl.helper_candidate("conv_correct"))
-    out = _kernelloop(kl, "test", str(path), "--problem", PROBLEM, "--backend", "cpu", "--json",
-                      "--shapes", "small", "k1", "--seeds", "1")
+    out = _kernelloop(
+        kl,
+        "test",
+        str(path),
+        "--problem",
+        PROBLEM,
+        "--backend",
+        "cpu",
+        "--json",
+        "--shapes",
+        "small",
+        "k1",
+        "--seeds",
+        "1",
+    )
 
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)

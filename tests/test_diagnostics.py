@@ -70,8 +70,11 @@ class ModelNew(nn.Module):
         return ext.shape_of(x.numel())
 '''
 
-PYBIND_BLOCK = ['PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {',
-                'm.def("shape_of", torch::wrap_pybind_function(shape_of), "shape_of");', '}']
+PYBIND_BLOCK = [
+    "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
+    'm.def("shape_of", torch::wrap_pybind_function(shape_of), "shape_of");',
+    "}",
+]
 
 
 def _string(source: str, name: str) -> str:
@@ -118,7 +121,7 @@ def test_nvcc_errors_map_to_submitted_lines(tmp_path: Path) -> None:
     assert undefined.line == _line_of(SUBMISSION, "undefined_scale")
     assert undefined.excerpt == "        y[i] = x[i] * undefined_scale;"
     # nvcc reports the missing ";" at the next line, a "    }" that occurs twice: context picks the right one
-    assert "expected a \";\"" in semicolon.message
+    assert 'expected a ";"' in semicolon.message
     assert semicolon.line == _line_of(SUBMISSION, "fmaxf") + 1
     assert semicolon.excerpt == "    }"
     assert semicolon.generated_line == semicolon.line - 4  # 2 prologue lines; the string starts on line 7
@@ -134,7 +137,7 @@ def test_gxx_diagnostics_map_through_dedent_and_skip_generated_code(tmp_path: Pa
     assert (error.severity, error.tool, error.generated_file) == ("error", "gcc", "main.cpp")
     assert error.line == _line_of(SUBMISSION, "undeclared_width")
     assert error.excerpt == excerpt(SUBMISSION, error.line)
-    assert error.excerpt[error.column - 1:].startswith("undeclared_width")  # column shifted back by the dedent
+    assert error.excerpt[error.column - 1 :].startswith("undeclared_width")  # column shifted back by the dedent
     warning = next(d for d in diagnostics if d.severity == "warning")
     assert warning.line == _line_of(SUBMISSION, "int unused")
     positions = [log.index(d.message) for d in diagnostics]
@@ -163,8 +166,9 @@ def test_unreadable_generated_file_falls_back_to_the_quoted_line(tmp_path: Path)
 @needs_gxx
 def test_linker_errors_have_no_line(tmp_path: Path) -> None:
     (tmp_path / "main.cpp").write_text("int missing();\nint call() { return missing(); }\n")
-    log = _compile([GXX, "-shared", "-fPIC", "-Wl,--no-undefined", str(tmp_path / "main.cpp"),
-                    "-o", str(tmp_path / "ext.so")])
+    log = _compile(
+        [GXX, "-shared", "-fPIC", "-Wl,--no-undefined", str(tmp_path / "main.cpp"), "-o", str(tmp_path / "ext.so")]
+    )
     diagnostics = build_log_diagnostics("FAILED: ext.so\n" + log, "")
 
     assert diagnostics and all(d.tool == "linker" and d.line is None for d in diagnostics)
@@ -174,7 +178,7 @@ def test_linker_errors_have_no_line(tmp_path: Path) -> None:
 
 def test_ptxas_error_and_duplicates_and_cap() -> None:
     ptxas = "ptxas error   : Entry function '_Z1kPf' uses too much shared data (0x61a80 bytes, 0xc000 max)\n"
-    nvcc = "".join(f"/b/cuda.cu({n}): error: identifier \"v{n}\" is undefined\n" for n in range(1, 61))
+    nvcc = "".join(f'/b/cuda.cu({n}): error: identifier "v{n}" is undefined\n' for n in range(1, 61))
 
     diagnostics = build_log_diagnostics(ptxas + ptxas + nvcc, "")
 
@@ -189,12 +193,18 @@ def test_build_failure_becomes_compiler_diagnostics_plus_the_load_inline_call(tm
     log = _nvcc_log(tmp_path)
 
     def load_inline(**kwargs: object) -> None:  # what torch raises when ninja fails
-        raise RuntimeError(f"Error building extension '{kwargs['name']}': [1/3] nvcc -c cuda.cu\n"
-                           f"FAILED: cuda.cuda.o\n{log}ninja: build stopped: subcommand failed.\n")
+        raise RuntimeError(
+            f"Error building extension '{kwargs['name']}': [1/3] nvcc -c cuda.cu\n"
+            f"FAILED: cuda.cuda.o\n{log}ninja: build stopped: subcommand failed.\n"
+        )
 
     source = SUBMISSION  # made to run without torch, keeping its line numbers
-    for torch_only, stand_in in [("import torch.nn as nn", ""), ("import torch", ""), ("nn.Module", "object"),
-                                 ("from torch.utils.cpp_extension import load_inline", "")]:
+    for torch_only, stand_in in [
+        ("import torch.nn as nn", ""),
+        ("import torch", ""),
+        ("nn.Module", "object"),
+        ("from torch.utils.cpp_extension import load_inline", ""),
+    ]:
         source = source.replace(torch_only, stand_in)
     with pytest.raises(RuntimeError) as info:
         exec(compile(source, str(path), "exec"), {"load_inline": load_inline, "__name__": "submission"})

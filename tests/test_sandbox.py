@@ -28,8 +28,20 @@ def bubblewrap_works() -> bool:
     """Judged here, independently of tools.sandbox: does bwrap start a process with no network?"""
     if not shutil.which("bwrap"):
         return False
-    probe = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net", "--unshare-pid",
-             "--die-with-parent", "true"]
+    probe = [
+        "bwrap",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--unshare-net",
+        "--unshare-pid",
+        "--die-with-parent",
+        "true",
+    ]
     return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
 
 
@@ -62,13 +74,19 @@ def _processes_with(token: str) -> list[int]:
 
 def test_hang_is_timeout_and_kills_the_process_group(kl):
     token = f"kernelloop-hang-child-{os.getpid()}-{time.monotonic_ns()}"
-    code = kl.helper_candidate("conv_hang", forward_prelude=f"""
+    code = kl.helper_candidate(
+        "conv_hang",
+        forward_prelude=f"""
         import subprocess
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", {token!r}])
-    """)
+    """,
+    )
     done: list = []
-    runner = threading.Thread(target=lambda: done.append(
-        api.run_tests(PROBLEM, code, "cpu", EvalOptions(shapes=["small"], seeds=1, timeout_s=10), kl.settings)))
+    runner = threading.Thread(
+        target=lambda: done.append(
+            api.run_tests(PROBLEM, code, "cpu", EvalOptions(shapes=["small"], seeds=1, timeout_s=10), kl.settings)
+        )
+    )
     runner.start()
     seen_child = False
     while runner.is_alive():
@@ -88,10 +106,13 @@ def test_hang_is_timeout_and_kills_the_process_group(kl):
 
 
 def test_stdout_flood_is_capped_and_the_job_keeps_its_status(kl):
-    code = kl.helper_candidate("conv_correct", prelude="""
+    code = kl.helper_candidate(
+        "conv_correct",
+        prelude="""
         sys.stdout.write("FLOOD-START" + "x" * (50 << 20) + "FLOOD-END\\n")
         sys.stdout.flush()
-    """)
+    """,
+    )
     result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
 
     assert result.status == Status.passed, result.message
@@ -104,8 +125,13 @@ def test_stdout_flood_is_capped_and_the_job_keeps_its_status(kl):
 
 # ---- forged results --------------------------------------------------------------------------------
 
-FORGED = json.dumps({"nonce": "0" * 32, "final": True, "result": {
-    "kind": "test", "status": "passed", "problem": PROBLEM, "backend": "cpu", "message": "FORGED"}})
+FORGED = json.dumps(
+    {
+        "nonce": "0" * 32,
+        "final": True,
+        "result": {"kind": "test", "status": "passed", "problem": PROBLEM, "backend": "cpu", "message": "FORGED"},
+    }
+)
 
 
 def test_fake_result_on_stdout_does_not_pass_a_wrong_kernel(kl):
@@ -127,18 +153,24 @@ def test_forged_reply_on_the_result_fd_does_not_pass_a_wrong_kernel(kl):
     assert "FORGED" not in result.message
 
 
-@pytest.mark.xfail(strict=True, reason="known hole: the candidate runs in the worker's process, so it can read the "
-                   "job's nonce from memory and send a final reply of its own; closing it needs the verdict "
-                   "computed outside the candidate's process")
+@pytest.mark.xfail(
+    strict=True,
+    reason="known hole: the candidate runs in the worker's process, so it can read the "
+    "job's nonce from memory and send a final reply of its own; closing it needs the verdict "
+    "computed outside the candidate's process",
+)
 def test_forged_reply_with_the_nonce_read_from_memory_does_not_pass(kl):
-    code = kl.helper_candidate("conv_off_by_one", forward_prelude=f"""
+    code = kl.helper_candidate(
+        "conv_off_by_one",
+        forward_prelude=f"""
         import gc, json, os
         job = next(o for o in gc.get_objects() if type(o).__name__ == "WorkerJob")
         forged = json.loads({FORGED!r})
         forged["nonce"] = job.nonce
         os.write(int(sys.argv[1]), (json.dumps(forged) + "\\n").encode())
         os._exit(0)
-    """)
+    """,
+    )
     result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
 
     assert result.status != Status.passed

@@ -55,8 +55,9 @@ def api(service: ServiceProcess):
 def evaluated(api: httpx.Client) -> dict:
     """One full evaluate of the C++ example, every shape (the first job builds it: ~20 s on 2 cores)."""
     run = api.post("/v1/runs", json={"problem": "causal_conv1d", "name": "api-tests", "proposer": "human"}).json()
-    response = api.post("/v1/evaluate", json=submission(run_id=run["id"], step=0, rationale="the shipped example",
-                                                        options=COUNTED_EVAL))
+    response = api.post(
+        "/v1/evaluate", json=submission(run_id=run["id"], step=0, rationale="the shipped example", options=COUNTED_EVAL)
+    )
     assert response.status_code == 200, response.text
     return {"run": run, "job": response.json()}
 
@@ -71,6 +72,7 @@ def _error(response: httpx.Response, status: int, field: str | None = None) -> d
 
 
 # --------------------------------------------------------------------------------- service info
+
 
 def test_health_says_what_is_running(api: httpx.Client, service: ServiceProcess) -> None:
     health = api.get("/v1/health").json()
@@ -90,8 +92,9 @@ def test_devices_lists_lanes_and_queue(api: httpx.Client) -> None:
 def test_tools_are_openai_functions_made_from_the_request_model(api: httpx.Client) -> None:
     catalog = api.get("/v1/tools").json()
     names = [t["function"]["name"] for t in catalog["tools"]]
-    assert (names == ["compile_kernel", "run_tests", "benchmark"]
-            and all(t["type"] == "function" for t in catalog["tools"]))
+    assert names == ["compile_kernel", "run_tests", "benchmark"] and all(
+        t["type"] == "function" for t in catalog["tools"]
+    )
     params = catalog["tools"][0]["function"]["parameters"]
     assert params["type"] == "object" and set(params["required"]) == {"problem", "code"}
     assert {"problem", "code", "backend", "options", "rationale"} <= set(params["properties"])
@@ -102,13 +105,17 @@ def test_tools_are_openai_functions_made_from_the_request_model(api: httpx.Clien
     # the same schema as the endpoint's body, field for field
     body = api.get("/openapi.json").json()["components"]["schemas"]["SubmissionRequest"]["properties"]
     assert set(params["properties"]) <= set(body)
-    assert catalog["endpoints"] == {"compile_kernel": "/v1/compile", "run_tests": "/v1/test",
-                                    "benchmark": "/v1/benchmark"}
+    assert catalog["endpoints"] == {
+        "compile_kernel": "/v1/compile",
+        "run_tests": "/v1/test",
+        "benchmark": "/v1/benchmark",
+    }
     anthropic = api.get("/v1/tools", params={"format": "anthropic"}).json()["tools"]
     assert anthropic[1]["name"] == "run_tests" and anthropic[1]["input_schema"] == params
 
 
 # ------------------------------------------------------------------------------------- problems
+
 
 def test_problems_list_and_detail(api: httpx.Client) -> None:
     listed = {p["name"]: p for p in api.get("/v1/problems").json()}
@@ -120,7 +127,7 @@ def test_problems_list_and_detail(api: httpx.Client) -> None:
     _error(api.get("/v1/problems/no_such_problem"), 404, "path.name")
 
 
-RELU_PROBLEM = '''\
+RELU_PROBLEM = """\
 import torch
 import torch.nn as nn
 
@@ -140,9 +147,9 @@ def get_inputs():
 
 def get_init_inputs():
     return [2.0]
-'''
+"""
 
-RELU_KERNEL = '''\
+RELU_KERNEL = """\
 import torch
 import torch.nn as nn
 
@@ -154,7 +161,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         return x.clamp_min(0) * self.scale
-'''
+"""
 
 
 def test_register_a_kernelbench_problem_checked_in_the_sandbox(api: httpx.Client, service: ServiceProcess) -> None:
@@ -162,22 +169,32 @@ def test_register_a_kernelbench_problem_checked_in_the_sandbox(api: httpx.Client
     assert created.status_code == 201, created.text
     assert created.json()["has_metadata"] is False and [s["name"] for s in created.json()["shapes"]] == ["default"]
     assert api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM}).status_code == 200
-    _error(api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM + "\n# changed\n"}), 409,
-           "body.name")
+    _error(
+        api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM + "\n# changed\n"}),
+        409,
+        "body.name",
+    )
     assert (service.problems_dir / "scaled_relu" / "problem.py").read_text() == RELU_PROBLEM
     # workers import it: a candidate against it passes its tests
-    tested = api.post("/v1/test", json={"problem": "scaled_relu", "code": RELU_KERNEL, "backend": "cpu",
-                                        "options": {"seeds": 1}})
+    tested = api.post(
+        "/v1/test", json={"problem": "scaled_relu", "code": RELU_KERNEL, "backend": "cpu", "options": {"seeds": 1}}
+    )
     assert tested.status_code == 200 and tested.json()["outcome"] == "passed", tested.text
 
 
-@pytest.mark.parametrize("source, message", [
-    ("def broken(:\n", "line 1"),
-    ("import torch\n\ndef get_inputs():\n    return []\n", "defines no Model, get_init_inputs"),
-    ("import torch\nraise SystemExit('no thanks')\nclass Model: pass\ndef get_inputs(): pass\n"
-     "def get_init_inputs(): pass\n", "no thanks"),
-    (RELU_PROBLEM.replace("return [2.0]", "return [2.0, 'extra']"), "Model(2.0, 'extra') failed for shape default"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("def broken(:\n", "line 1"),
+        ("import torch\n\ndef get_inputs():\n    return []\n", "defines no Model, get_init_inputs"),
+        (
+            "import torch\nraise SystemExit('no thanks')\nclass Model: pass\ndef get_inputs(): pass\n"
+            "def get_init_inputs(): pass\n",
+            "no thanks",
+        ),
+        (RELU_PROBLEM.replace("return [2.0]", "return [2.0, 'extra']"), "Model(2.0, 'extra') failed for shape default"),
+    ],
+)
 def test_a_bad_problem_file_is_refused_with_the_reason(api: httpx.Client, source: str, message: str) -> None:
     body = _error(api.post("/v1/problems", json={"name": "bad_problem", "source": source}), 422, "body.source")
     assert message in body["message"]
@@ -190,6 +207,7 @@ def test_problem_name_and_size_limits(api: httpx.Client) -> None:
 
 
 # ---------------------------------------------------------------------------------------- tools
+
 
 def test_compile_waits_for_the_verdict(api: httpx.Client, evaluated: dict) -> None:
     started = time.perf_counter()
@@ -236,8 +254,9 @@ def test_evaluate_stops_at_the_first_failure(api: httpx.Client) -> None:
 def test_a_narrowed_test_is_kept_but_never_marks_an_attempt_correct(api: httpx.Client, evaluated: dict) -> None:
     job = api.post("/v1/test", json=submission(code=python_conv("# narrowed"), options=QUICK_TEST)).json()
     assert job["outcome"] == "passed" and job["correct"] is None
-    assert job["coverage"][0]["note"] == ("partial coverage: 2 of 6 correctness shapes, 1 of 3 seeds; "
-                                          "a narrowed test does not mark the attempt correct")
+    assert job["coverage"][0]["note"] == (
+        "partial coverage: 2 of 6 correctness shapes, 1 of 3 seeds; a narrowed test does not mark the attempt correct"
+    )
     detail = api.get(f"/v1/attempts/{job['attempt_id']}").json()
     assert detail["status"] == "passed" and detail["correct"] is None
     assert [e["coverage"]["full"] for e in detail["evaluations"]] == [False]  # recorded, with what it covered
@@ -268,8 +287,9 @@ def test_wait_false_answers_202_with_the_job(api: httpx.Client) -> None:
 
 
 def test_a_short_wait_bound_answers_202(api: httpx.Client) -> None:
-    response = api.post("/v1/compile", params={"timeout_s": 0.05},
-                        json=submission(code=python_conv("import time\ntime.sleep(1)")))
+    response = api.post(
+        "/v1/compile", params={"timeout_s": 0.05}, json=submission(code=python_conv("import time\ntime.sleep(1)"))
+    )
     assert response.status_code == 202 and response.json()["status"] in ("queued", "running")
 
 
@@ -318,7 +338,8 @@ def test_compile_on_the_cuda_backend_without_a_gpu_builds_only(api: httpx.Client
 
 def test_sandboxed_code_sees_neither_the_database_nor_the_token(api: httpx.Client, service: ServiceProcess) -> None:
     server_pid = service.proc.pid  # type: ignore[union-attr]
-    probe = python_conv(prelude=f'''
+    probe = python_conv(
+        prelude=f"""
 import os
 _seen = {{
     "db": os.path.exists({str(service.db)!r}),
@@ -328,10 +349,11 @@ _seen = {{
     "service_environ": os.path.exists("/proc/{server_pid}/environ"),
 }}
 raise RuntimeError("SEEN " + repr(_seen))
-''')
+"""
+    )
     job = api.post("/v1/compile", json=submission(code=probe)).json()
     message = job["results"][0]["message"]
-    seen = eval(message[message.index("SEEN ") + 5:].split("\n")[0])
+    seen = eval(message[message.index("SEEN ") + 5 :].split("\n")[0])
     assert seen["token_in_env"] is False and seen["kernelloop_env"] == []
     if job["results"][0]["sandbox"]["isolation"] == "bubblewrap":
         assert seen["db"] is False and seen["service_environ"] is False
@@ -340,11 +362,15 @@ raise RuntimeError("SEEN " + repr(_seen))
 
 # ---------------------------------------------------------------------------------------- history
 
+
 def test_runs_create_list_show_update(api: httpx.Client, evaluated: dict) -> None:
     run_id = evaluated["run"]["id"]
     shown = api.get(f"/v1/runs/{run_id}").json()
-    assert (shown["attempts"] >= 1 and shown["best_attempt_id"] == evaluated["job"]["attempt_id"]
-            and shown["best_speedup"] > 0)
+    assert (
+        shown["attempts"] >= 1
+        and shown["best_attempt_id"] == evaluated["job"]["attempt_id"]
+        and shown["best_speedup"] > 0
+    )
     listed = api.get("/v1/runs", params={"problem": "causal_conv1d"}).json()
     assert run_id in [r["id"] for r in listed["items"]]
     updated = api.patch(f"/v1/runs/{run_id}", json={"status": "finished", "meta": {"tokens": 1234}}).json()
@@ -360,8 +386,17 @@ def test_runs_create_list_show_update(api: httpx.Client, evaluated: dict) -> Non
 def test_attempts_filter_sort_page_detail_and_diff(api: httpx.Client, evaluated: dict) -> None:
     run_id = evaluated["run"]["id"]
     parent = evaluated["job"]["attempt_id"]
-    child = api.post("/v1/test", json=submission(code=python_conv("# child"), run_id=run_id, parent_attempt_id=parent,
-                                                 step=1, proposer="search", options=QUICK_TEST)).json()
+    child = api.post(
+        "/v1/test",
+        json=submission(
+            code=python_conv("# child"),
+            run_id=run_id,
+            parent_attempt_id=parent,
+            step=1,
+            proposer="search",
+            options=QUICK_TEST,
+        ),
+    ).json()
     page = api.get("/v1/attempts", params={"run_id": run_id, "sort": "step", "order": "asc"}).json()
     assert [a["id"] for a in page["items"]] == [parent, child["attempt_id"]] and page["total"] == 2
     assert "code" not in page["items"][0]
@@ -401,22 +436,38 @@ def test_a_thousand_attempts_page_in_under_100_ms(api: httpx.Client, service: Se
         now = utcnow()
         for i in range(1000):
             sha = history.store_code(session, f"# mamba attempt {i}\n")
-            attempt = Attempt(problem_id=problem.id, run_id=run_id, backend="cpu", code_sha256=sha, step=i,
-                              proposer="search")
+            attempt = Attempt(
+                problem_id=problem.id, run_id=run_id, backend="cpu", code_sha256=sha, step=i, proposer="search"
+            )
             session.add(attempt)
             session.flush()
             compiled = CompileResult(status=Status.passed, problem="mamba_causal_conv1d", backend="cpu")
-            tested = (passed_test("mamba_causal_conv1d", compile=compiled) if i % 4 else TestResult(
-                status=Status.wrong_result, problem="mamba_causal_conv1d", backend="cpu", compile=compiled))
-            history.record_evaluation(session, attempt.id, None, tested, created_at=now, started_at=now,
-                                      finished_at=now)
+            tested = (
+                passed_test("mamba_causal_conv1d", compile=compiled)
+                if i % 4
+                else TestResult(
+                    status=Status.wrong_result, problem="mamba_causal_conv1d", backend="cpu", compile=compiled
+                )
+            )
+            history.record_evaluation(
+                session, attempt.id, None, tested, created_at=now, started_at=now, finished_at=now
+            )
             if i % 4:
                 timed = passed_benchmark(0.5 + (i * 37 % 1000) / 100, "mamba_causal_conv1d")
-                history.record_evaluation(session, attempt.id, None, timed, created_at=now, started_at=now,
-                                          finished_at=now)
+                history.record_evaluation(
+                    session, attempt.id, None, timed, created_at=now, started_at=now, finished_at=now
+                )
     engine.dispose()
-    params = {"problem": "mamba_causal_conv1d", "run_id": run_id, "status": "passed", "min_speedup": 2.0,
-              "sort": "speedup", "order": "desc", "limit": 50, "offset": 20}
+    params = {
+        "problem": "mamba_causal_conv1d",
+        "run_id": run_id,
+        "status": "passed",
+        "min_speedup": 2.0,
+        "sort": "speedup",
+        "order": "desc",
+        "limit": 50,
+        "offset": 20,
+    }
     api.get("/v1/attempts", params=params)
     times = []
     for _ in range(7):
@@ -453,47 +504,69 @@ def test_history_cli(service: ServiceProcess, evaluated: dict) -> None:
 
 # ------------------------------------------------------------------------------------ bad input
 
+
 def test_auth_is_required_for_changes_only(service: ServiceProcess) -> None:
     with service.client(auth=False) as anonymous:
         assert anonymous.get("/v1/problems").status_code == 200
         body = _error(anonymous.post("/v1/compile", json=submission()), 401, "header.Authorization")
         assert "Bearer" in body["fix"]
         _error(anonymous.post("/v1/runs", json={"problem": "causal_conv1d"}), 401)
-        _error(anonymous.post("/v1/runs", json={"problem": "causal_conv1d"},
-                              headers={"Authorization": "Bearer nope"}), 401)
+        _error(
+            anonymous.post("/v1/runs", json={"problem": "causal_conv1d"}, headers={"Authorization": "Bearer nope"}), 401
+        )
         _error(anonymous.patch("/v1/runs/1", json={"notes": "x"}), 401)
 
 
-@pytest.mark.parametrize("body, status, field, words", [
-    ({"problem": "no_such", "code": "x"}, 422, "body.problem", "unknown problem"),
-    ({"problem": "causal_conv1d", "code": ""}, 422, "body.code", "at least 1 character"),
-    ({"problem": "causal_conv1d", "code": "   \n"}, 422, "body.code", "only whitespace"),
-    ({"problem": "causal_conv1d"}, 422, "body.code", "required"),
-    ({"problem": "causal_conv1d", "code": "x", "backend": "rocm"}, 422, "body.backend", "'cuda' or 'cpu'"),
-    ({"problem": "causal_conv1d", "code": "x", "options": {"seeds": 0}}, 422, "body.options.seeds", "greater than"),
-    ({"problem": "causal_conv1d", "code": "x", "options": {"shapes": ["nope"]}}, 422, "body.options.shapes",
-     "no shape"),
-    ({"problem": "causal_conv1d", "code": "x", "run_id": 987654}, 422, "body.run_id", "no run"),
-    ({"problem": "causal_conv1d", "code": "x", "parent_attempt_id": 987654}, 422, "body.parent_attempt_id",
-     "no attempt"),
-    ({"problem": "causal_conv1d", "code": "x\u0000"}, 422, "body", "NUL"),
-    ([1, 2], 422, "body", "valid dictionary"),
-])
-def test_bad_submissions_get_a_4xx_naming_the_field(api: httpx.Client, body: object, status: int, field: str,
-                                                     words: str) -> None:
+@pytest.mark.parametrize(
+    "body, status, field, words",
+    [
+        ({"problem": "no_such", "code": "x"}, 422, "body.problem", "unknown problem"),
+        ({"problem": "causal_conv1d", "code": ""}, 422, "body.code", "at least 1 character"),
+        ({"problem": "causal_conv1d", "code": "   \n"}, 422, "body.code", "only whitespace"),
+        ({"problem": "causal_conv1d"}, 422, "body.code", "required"),
+        ({"problem": "causal_conv1d", "code": "x", "backend": "rocm"}, 422, "body.backend", "'cuda' or 'cpu'"),
+        ({"problem": "causal_conv1d", "code": "x", "options": {"seeds": 0}}, 422, "body.options.seeds", "greater than"),
+        (
+            {"problem": "causal_conv1d", "code": "x", "options": {"shapes": ["nope"]}},
+            422,
+            "body.options.shapes",
+            "no shape",
+        ),
+        ({"problem": "causal_conv1d", "code": "x", "run_id": 987654}, 422, "body.run_id", "no run"),
+        (
+            {"problem": "causal_conv1d", "code": "x", "parent_attempt_id": 987654},
+            422,
+            "body.parent_attempt_id",
+            "no attempt",
+        ),
+        ({"problem": "causal_conv1d", "code": "x\u0000"}, 422, "body", "NUL"),
+        ([1, 2], 422, "body", "valid dictionary"),
+    ],
+)
+def test_bad_submissions_get_a_4xx_naming_the_field(
+    api: httpx.Client, body: object, status: int, field: str, words: str
+) -> None:
     answer = _error(api.post("/v1/test", json=body), status, field)
     assert words in answer["message"], answer
 
 
 def test_benchmark_shapes_must_include_one_to_time(api: httpx.Client) -> None:
-    answer = _error(api.post("/v1/benchmark", json=submission(options={"shapes": ["small"]})), 422,
-                    "body.options.shapes")
+    answer = _error(
+        api.post("/v1/benchmark", json=submission(options={"shapes": ["small"]})), 422, "body.options.shapes"
+    )
     assert "cpu_b4_c64_o64_k3_d1_l8192" in answer["fix"]
 
 
 def test_malformed_json_and_oversize_bodies(api: httpx.Client) -> None:
-    answer = _error(api.post("/v1/compile", content=b'{"problem": "causal_conv1d", "code": ',
-                             headers={"Content-Type": "application/json"}), 400, "body")
+    answer = _error(
+        api.post(
+            "/v1/compile",
+            content=b'{"problem": "causal_conv1d", "code": ',
+            headers={"Content-Type": "application/json"},
+        ),
+        400,
+        "body",
+    )
     assert answer["error"] == "malformed_json"
     _error(api.post("/v1/compile", content=b"", headers={"Content-Type": "application/json"}), 422, "body")
     big_code = "#" * ((1 << 20) + 10)
@@ -517,6 +590,7 @@ def test_unknown_routes_and_methods_answer_json(api: httpx.Client) -> None:
 
 
 # ----------------------------------------------------------------------------- without a token
+
 
 @pytest.fixture(scope="module")
 def open_service():
@@ -542,6 +616,7 @@ def test_serve_refuses_a_public_address_without_a_token(open_service: ServicePro
 
 
 def test_serve_refuses_a_database_outside_the_data_folder(open_service: ServiceProcess, tmp_path: Path) -> None:
-    out = run_kernelloop("serve", "--port", "1", "--db", str(tmp_path / "x.sqlite3"), cwd=REPO, env=open_service.env,
-                         timeout=60)
+    out = run_kernelloop(
+        "serve", "--port", "1", "--db", str(tmp_path / "x.sqlite3"), cwd=REPO, env=open_service.env, timeout=60
+    )
     assert out.returncode == 2 and "outside the data folder" in out.stderr and not (tmp_path / "x.sqlite3").exists()

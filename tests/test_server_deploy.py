@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
 
 
 def _compose_command() -> list[str] | None:
@@ -29,8 +28,14 @@ needs_compose = pytest.mark.skipif(COMPOSE is None, reason="no compose parser: a
 
 
 def _config(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*COMPOSE, "-f", str(path), "config"], capture_output=True, text=True, timeout=60,  # type: ignore[misc]
-                          cwd=path.parent, env={**os.environ, **env})
+    return subprocess.run(
+        [*COMPOSE, "-f", str(path), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,  # type: ignore[misc]
+        cwd=path.parent,
+        env={**os.environ, **env},
+    )
 
 
 @needs_compose
@@ -41,7 +46,10 @@ def test_compose_file_is_valid_and_reserves_a_gpu_with_the_database_on_a_volume(
     service = config["services"]["kernelloop"]
     (device,) = service["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and device["count"] == 1
-    assert service["volumes"][0].startswith("kernelloop-data:/var/lib/kernelloop") and "kernelloop-data" in config["volumes"]
+    assert (
+        service["volumes"][0].startswith("kernelloop-data:/var/lib/kernelloop")
+        and "kernelloop-data" in config["volumes"]
+    )
     env = service["environment"]
     assert env["KERNELLOOP_DATA_DIR"].startswith("/var/lib/kernelloop/") and env["KERNELLOOP_HOST"] == "0.0.0.0"
     assert env["KERNELLOOP_API_TOKEN"] == "x" * 32
@@ -51,8 +59,14 @@ def test_compose_file_is_valid_and_reserves_a_gpu_with_the_database_on_a_volume(
 @needs_compose
 def test_compose_refuses_to_start_without_a_token() -> None:
     env = {k: v for k, v in os.environ.items() if k != "KERNELLOOP_API_TOKEN"}
-    out = subprocess.run([*COMPOSE, "-f", str(REPO / "docker-compose.yml"), "config", "-q"], capture_output=True,  # type: ignore[misc]
-                         text=True, timeout=60, cwd=REPO, env=env)
+    out = subprocess.run(
+        [*COMPOSE, "-f", str(REPO / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,  # type: ignore[misc]
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert out.returncode != 0 and "set KERNELLOOP_API_TOKEN" in out.stderr
 
 
@@ -73,5 +87,7 @@ def test_dockerfile_builds_on_cuda_devel_with_the_sandbox_and_a_token_guarded_se
     assert lines[-1] == 'CMD ["kernelloop", "serve"]'
     assert any(line.startswith("USER ") and "root" not in line for line in lines)
     data = next(line for line in text.splitlines() if "KERNELLOOP_DATA_DIR=" in line).split("=", 1)[1].split()[0]
-    problems = next(line for line in text.splitlines() if "KERNELLOOP_PROBLEMS_DIR=" in line).split("=", 1)[1].split()[0]
+    problems = (
+        next(line for line in text.splitlines() if "KERNELLOOP_PROBLEMS_DIR=" in line).split("=", 1)[1].split()[0]
+    )
     assert not problems.startswith(data + "/")  # the sandbox hides data; workers must see problems

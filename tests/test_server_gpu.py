@@ -19,9 +19,17 @@ def test_seed_kernel_evaluates_on_the_gpu_lane() -> None:
             assert devices["gpus"] and any(lane["kind"] == "gpu" for lane in devices["lanes"])
             assert api.get("/v1/health").json()["default_backend"] == "cuda"
             run = api.post("/v1/runs", json={"problem": "causal_conv1d", "name": "seed", "backend": "cuda"}).json()
-            response = api.post("/v1/evaluate", params={"timeout_s": 900},
-                                json={"problem": "causal_conv1d", "code": CUDA_EXAMPLE, "backend": "cuda",
-                                      "run_id": run["id"], "rationale": "the seed transcript's naive kernel"})
+            response = api.post(
+                "/v1/evaluate",
+                params={"timeout_s": 900},
+                json={
+                    "problem": "causal_conv1d",
+                    "code": CUDA_EXAMPLE,
+                    "backend": "cuda",
+                    "run_id": run["id"],
+                    "rationale": "the seed transcript's naive kernel",
+                },
+            )
             assert response.status_code == 200, response.text
             job = response.json()
             assert [r["kind"] for r in job["results"]] == ["compile", "test", "benchmark"], job["note"]

@@ -57,11 +57,22 @@ def test_a_killed_service_accounts_for_every_job_after_restart() -> None:
     try:
         with service.client() as api:
             running = api.post("/v1/compile", params={"wait": "false"}, json=submission(code=slow)).json()
-            queued = [api.post("/v1/compile", params={"wait": "false"},
-                               json=submission(code=python_conv(f"# queued {i}"))).json() for i in range(3)]
-            _wait_for(lambda: api.get(f"/v1/jobs/{running['id']}").json()["status"] == "running", what="the first job to start")
+            queued = [
+                api.post(
+                    "/v1/compile", params={"wait": "false"}, json=submission(code=python_conv(f"# queued {i}"))
+                ).json()
+                for i in range(3)
+            ]
+            _wait_for(
+                lambda: api.get(f"/v1/jobs/{running['id']}").json()["status"] == "running",
+                what="the first job to start",
+            )
             states = [api.get(f"/v1/jobs/{j['id']}").json() for j in queued]
-            assert [s["status"] for s in states] == ["queued"] * 3 and [s["queue_position"] for s in states] == [1, 2, 3]
+            assert [s["status"] for s in states] == ["queued"] * 3 and [s["queue_position"] for s in states] == [
+                1,
+                2,
+                3,
+            ]
         service.kill()  # SIGKILL: no shutdown hook runs
 
         service.start()
@@ -80,7 +91,9 @@ def test_a_killed_service_accounts_for_every_job_after_restart() -> None:
             assert [j["outcome"] for j in jobs] == ["passed"] * 4
             assert [j["interruptions"] for j in jobs] == [1, 0, 0, 0]
             events = api.get(f"/v1/jobs/{running['id']}/events").text
-            order = [events.index(f"event: {name}") for name in ("queued", "started", "interrupted", "requeued", "finished")]
+            order = [
+                events.index(f"event: {name}") for name in ("queued", "started", "interrupted", "requeued", "finished")
+            ]
             assert order == sorted(order)
             attempts = api.get("/v1/attempts", params={"limit": 500}).json()["items"]
             assert {j["attempt_id"] for j in jobs} <= {a["id"] for a in attempts}

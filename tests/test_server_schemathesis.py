@@ -27,10 +27,32 @@ def test_schemathesis_finds_no_server_error() -> None:
     report = shared_root() / "schemathesis-report"
     try:
         out = subprocess.run(
-            [SCHEMATHESIS, "run", f"{service.url}/openapi.json", "--checks", "not_a_server_error",
-             "--header", f"Authorization: Bearer {service.token}", "--max-examples", "12", "--request-timeout", "60",
-             "--workers", "1", "--seed", "20261129", "--no-color", "--report", "junit", "--report-dir", str(report)],
-            capture_output=True, text=True, timeout=600)
+            [
+                SCHEMATHESIS,
+                "run",
+                f"{service.url}/openapi.json",
+                "--checks",
+                "not_a_server_error",
+                "--header",
+                f"Authorization: Bearer {service.token}",
+                "--max-examples",
+                "12",
+                "--request-timeout",
+                "60",
+                "--workers",
+                "1",
+                "--seed",
+                "20261129",
+                "--no-color",
+                "--report",
+                "junit",
+                "--report-dir",
+                str(report),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     finally:
         service.stop()
     summary = out.stdout[-6000:]

@@ -108,14 +108,18 @@ def test_missing_model_new(kl):
 
 
 def test_wrong_constructor_signature(kl):
-    code = ("import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def __init__(self, channels):\n"
-            "        super().__init__()\n")
+    code = (
+        "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def __init__(self, channels):\n"
+        "        super().__init__()\n"
+    )
     result = api.compile_kernel(PROBLEM, code, "cpu", settings=kl.settings)
 
     assert result.status == Status.signature_error
     assert "shape small" in result.message
-    assert ("(in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, bias: bool = False)"
-            in result.message)
+    assert (
+        "(in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, bias: bool = False)"
+        in result.message
+    )
 
 
 def test_input_mutation(kl):
@@ -167,13 +171,17 @@ def test_os_exit_in_forward_is_runtime_error(kl):
 
 def test_output_cached_by_input_pointer_is_caught_by_benchmark(kl):
     # right the first time it sees a buffer, then replays that answer: timed inputs are redrawn in place
-    code = kl.helper_candidate("conv_correct", prelude="_cache = {}", forward_prelude="""
+    code = kl.helper_candidate(
+        "conv_correct",
+        prelude="_cache = {}",
+        forward_prelude="""
         key = (x.data_ptr(), tuple(x.shape))
         if key in _cache:
             return _cache[key]
         _cache[key] = kernels.conv_correct(x, self.weight, self.bias, self.dilation)
         return _cache[key]
-    """)
+    """,
+    )
     result = api.benchmark(PROBLEM, code, "cpu", EvalOptions(min_samples=3, time_budget_s=0.5), kl.settings)
 
     assert result.status == Status.suspicious, result.message
@@ -211,15 +219,26 @@ def test_cuda_syntax_error_points_at_the_submitted_line(kl):
 def test_gpu_test_kernels_compile_for_sm90(tmp_path):
     """The GPU tests' .cu builds for the H200 (sm_90): caught here, not on the GPU machine."""
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    out = subprocess.run([nvcc, "-gencode=arch=compute_90,code=sm_90", "-c", str(SUBMISSIONS / "gpu_test_kernels.cu"),
-                          "-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            nvcc,
+            "-gencode=arch=compute_90,code=sm_90",
+            "-c",
+            str(SUBMISSIONS / "gpu_test_kernels.cu"),
+            "-o",
+            str(tmp_path / "k.o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "k.o").stat().st_size > 0
 
 
 # ---- problems --------------------------------------------------------------------------------------
 
-PLAIN_KERNELBENCH = '''\
+PLAIN_KERNELBENCH = """\
 import torch
 import torch.nn as nn
 
@@ -239,9 +258,9 @@ def get_inputs():
 
 def get_init_inputs():
     return [0.5]
-'''
+"""
 
-PLAIN_CANDIDATE = '''\
+PLAIN_CANDIDATE = """\
 import torch.nn as nn
 
 
@@ -252,7 +271,7 @@ class ModelNew(nn.Module):
 
     def forward(self, a, b):
         return (a.unsqueeze(2) * b.unsqueeze(0)).sum(1).clamp_min(0) * self.scale
-'''
+"""
 
 
 def test_plain_kernelbench_file_runs_with_its_default_shape(kl, tmp_path):
@@ -266,8 +285,9 @@ def test_plain_kernelbench_file_runs_with_its_default_shape(kl, tmp_path):
     assert result.status == Status.passed, result.message
     assert [c.shape for c in result.checks] == ["default"] * EvalOptions().seeds
 
-    wrong = api.run_tests(problem, PLAIN_CANDIDATE.replace("clamp_min(0)", "clamp_min(0.01)"), "cpu",
-                          settings=kl.settings)
+    wrong = api.run_tests(
+        problem, PLAIN_CANDIDATE.replace("clamp_min(0)", "clamp_min(0.01)"), "cpu", settings=kl.settings
+    )
     assert wrong.status == Status.wrong_result  # the comparison is real on a plain problem too
 
 

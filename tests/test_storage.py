@@ -72,8 +72,9 @@ def _problem(session: Session, name: str = "causal_conv1d"):
     return row
 
 
-def _attempt(session: Session, code: str = "class ModelNew: pass", backend: Backend = "cpu",
-             **fields) -> tuple[Attempt, bool]:
+def _attempt(
+    session: Session, code: str = "class ModelNew: pass", backend: Backend = "cpu", **fields
+) -> tuple[Attempt, bool]:
     request = SubmissionRequest(problem="causal_conv1d", code=code, **fields)
     return history.create_attempt(session, _problem(session), request, backend, "test")
 
@@ -85,11 +86,19 @@ def _record(session: Session, attempt_id: int, *results: PhaseResult) -> None:
 
 
 def _compiled(status: Status = Status.passed) -> CompileResult:
-    return CompileResult(status=status, problem="causal_conv1d", backend="cpu", device="cpu", build_seconds=1.5,
-                         log="g++ ... ok", toolchain={"torch": "2.14.1"})
+    return CompileResult(
+        status=status,
+        problem="causal_conv1d",
+        backend="cpu",
+        device="cpu",
+        build_seconds=1.5,
+        log="g++ ... ok",
+        toolchain={"torch": "2.14.1"},
+    )
 
 
 # ------------------------------------------------------------------------------------ the schema
+
 
 def test_new_database_has_the_schema_version_wal_and_busy_timeout(tmp_path: Path) -> None:
     engine = open_database(database_url(str(tmp_path / "new.sqlite3")))
@@ -149,6 +158,7 @@ def test_urls_and_absent_files(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------------- the history
 
+
 def test_code_is_stored_once_and_a_run_reuses_its_attempt(engine) -> None:
     with Session(engine) as session:
         run = history.create_run(session, _problem(session), RunCreate(problem="causal_conv1d", proposer="search"))
@@ -186,18 +196,30 @@ def test_concurrent_submissions_of_one_code_in_a_run_make_one_attempt(engine) ->
 def test_evaluations_keep_the_full_result_and_update_the_summary(engine) -> None:
     with Session(engine) as session:
         attempt, _ = _attempt(session)
-        _record(session, attempt.id, _compiled(), passed_test(device="cpu", compile=_compiled()),
-                passed_benchmark(1.75, device="cpu", compile=_compiled()))
+        _record(
+            session,
+            attempt.id,
+            _compiled(),
+            passed_test(device="cpu", compile=_compiled()),
+            passed_benchmark(1.75, device="cpu", compile=_compiled()),
+        )
         detail = history.attempt_detail(session, attempt.id)
     assert detail is not None
     assert (detail.status, detail.stage, detail.compiled, detail.correct, detail.speedup) == (
-        AttemptStatus("passed"), "benchmark", True, True, 1.75)
+        AttemptStatus("passed"),
+        "benchmark",
+        True,
+        True,
+        1.75,
+    )
     assert [e.kind for e in detail.evaluations] == ["compile", "test", "benchmark"]
     assert isinstance(detail.evaluations[2].result, BenchmarkResult) and detail.evaluations[2].speedup == 1.75
     assert detail.evaluations[0].log == "g++ ... ok" and detail.evaluations[0].toolchain == {"torch": "2.14.1"}
     assert detail.evaluations[0].coverage is None
     assert [e.coverage.note for e in detail.evaluations[1:]] == [  # type: ignore[union-attr]
-        "full coverage: 6 of 6 correctness shapes, 3 seeds each", "full coverage: 1 of 1 benchmark shapes"]
+        "full coverage: 6 of 6 correctness shapes, 3 seeds each",
+        "full coverage: 1 of 1 benchmark shapes",
+    ]
 
 
 def test_only_a_test_of_every_shape_with_the_default_seeds_marks_an_attempt_correct(engine) -> None:
@@ -211,15 +233,20 @@ def test_only_a_test_of_every_shape_with_the_default_seeds_marks_an_attempt_corr
         full = history.attempt_summary(session, attempt.id)
         _record(session, attempt.id, passed_test(shapes=["small"], seeds=1))  # narrowed again: leaves it correct
         still = history.attempt_summary(session, attempt.id)
-        failed = TestResult(status=Status.wrong_result, problem="causal_conv1d", backend="cpu",
-                            checks=[ShapeCheck(shape="small", seed=1, status=Status.wrong_result)])
+        failed = TestResult(
+            status=Status.wrong_result,
+            problem="causal_conv1d",
+            backend="cpu",
+            checks=[ShapeCheck(shape="small", seed=1, status=Status.wrong_result)],
+        )
         _record(session, attempt.id, failed)  # a failure on any shape counts
         wrong = history.attempt_detail(session, attempt.id)
     assert narrowed is not None and narrowed.status == AttemptStatus("passed") and narrowed.correct is None
     (kept,) = narrowed.evaluations
     assert kept.coverage is not None and not kept.coverage.full
-    assert kept.coverage.note == ("partial coverage: 2 of 6 correctness shapes, 1 of 3 seeds; "
-                                  "a narrowed test does not mark the attempt correct")
+    assert kept.coverage.note == (
+        "partial coverage: 2 of 6 correctness shapes, 1 of 3 seeds; a narrowed test does not mark the attempt correct"
+    )
     assert too_few_seeds is not None and too_few_seeds.correct is None
     assert (full.correct, still.correct) == (True, True)  # type: ignore[union-attr]
     assert wrong is not None and wrong.correct is False and len(wrong.evaluations) == 5
@@ -232,8 +259,13 @@ def test_the_speedup_is_the_latest_timing_of_every_benchmark_shape(engine) -> No
         problem_id = _problem(session).id
         run = history.create_run(session, _problem(session), RunCreate(problem="causal_conv1d"))
         attempt, _ = _attempt(session, backend="cuda", run_id=run.id)
-        _record(session, attempt.id, passed_test(backend="cuda"), passed_benchmark(2.0, backend="cuda"),
-                passed_benchmark(1.5, backend="cuda"))
+        _record(
+            session,
+            attempt.id,
+            passed_test(backend="cuda"),
+            passed_benchmark(2.0, backend="cuda"),
+            passed_benchmark(1.5, backend="cuda"),
+        )
         retimed = history.attempt_summary(session, attempt.id)
         narrowed = passed_benchmark(9.0, backend="cuda", shapes=["b16_c64_o128_k3_d1_l65536"])
         _record(session, attempt.id, narrowed)
@@ -245,7 +277,8 @@ def test_the_speedup_is_the_latest_timing_of_every_benchmark_shape(engine) -> No
     assert retimed is not None and retimed.speedup == 1.5  # the re-timing replaces the luckier 2.0
     assert detail is not None and detail.speedup == 1.5 and detail.evaluations[-1].speedup == 9.0
     assert detail.evaluations[-1].coverage.note == (  # type: ignore[union-attr]
-        "partial coverage: 1 of 5 benchmark shapes; a narrowed benchmark does not set the attempt's speedup")
+        "partial coverage: 1 of 5 benchmark shapes; a narrowed benchmark does not set the attempt's speedup"
+    )
     assert [e.attempt_id for e in board] == [attempt.id] and board[0].speedup == 1.5
     assert (best.best_attempt_id, best.best_speedup) == (attempt.id, 1.5)
 
@@ -282,8 +315,9 @@ def test_a_compile_error_marks_the_attempt_not_compiled(engine) -> None:
     with Session(engine) as session:
         attempt, _ = _attempt(session, code="def broken(:")
         now = utcnow()
-        history.record_evaluation(session, attempt.id, None, _compiled(Status.compile_error),
-                                  created_at=now, started_at=now, finished_at=now)
+        history.record_evaluation(
+            session, attempt.id, None, _compiled(Status.compile_error), created_at=now, started_at=now, finished_at=now
+        )
         summary = history.attempt_summary(session, attempt.id)
     assert summary is not None and summary.compiled is False and summary.correct is None
     assert summary.status == AttemptStatus("compile_error")
@@ -308,12 +342,27 @@ def test_a_thousand_attempts_answer_a_filtered_sorted_page_fast(engine) -> None:
         problem = _problem(session)
         for i in range(1000):
             sha = history.store_code(session, f"# attempt {i}\n")
-            session.add(Attempt(problem_id=problem.id, backend="cpu", code_sha256=sha, step=i,
-                                status="passed" if i % 3 else "wrong_result", correct=bool(i % 3),
-                                speedup=(i % 97) / 10 if i % 3 else None))
+            session.add(
+                Attempt(
+                    problem_id=problem.id,
+                    backend="cpu",
+                    code_sha256=sha,
+                    step=i,
+                    status="passed" if i % 3 else "wrong_result",
+                    correct=bool(i % 3),
+                    speedup=(i % 97) / 10 if i % 3 else None,
+                )
+            )
         session.commit()
-        f = AttemptFilter(problem="causal_conv1d", status=AttemptStatus("passed"), min_speedup=2.0, sort="speedup",
-                          order="desc", limit=50, offset=10)
+        f = AttemptFilter(
+            problem="causal_conv1d",
+            status=AttemptStatus("passed"),
+            min_speedup=2.0,
+            sort="speedup",
+            order="desc",
+            limit=50,
+            offset=10,
+        )
         history.list_attempts(session, f)  # warm
         started = time.perf_counter()
         page = history.list_attempts(session, f)
@@ -325,6 +374,7 @@ def test_a_thousand_attempts_answer_a_filtered_sorted_page_fast(engine) -> None:
 
 
 # -------------------------------------------------------------------------------------- the queue
+
 
 def test_steps_and_lanes() -> None:
     assert queue.steps_for("compile", "cuda") == ["compile"]

@@ -14,8 +14,18 @@ from kernelloop.tools import EvalOptions, Status, compile_kernel, run_tests
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "reference_problems" / "causal_conv1d" / "templates"
 # The small-shape variant is a point of tf32_wgmma's PARAM_SPACE: one consumer warpgroup, 64x64 tiles.
-SMALL_SHAPE_PARAMS = {"BN": 64, "NWG": 1, "MT": 1, "BC": 16, "STAGES": 4, "G": 2, "MINB": 1, "ROUND_X": 2,
-                      "WRES": 1, "TMA": 1}
+SMALL_SHAPE_PARAMS = {
+    "BN": 64,
+    "NWG": 1,
+    "MT": 1,
+    "BC": 16,
+    "STAGES": 4,
+    "G": 2,
+    "MINB": 1,
+    "ROUND_X": 2,
+    "WRES": 1,
+    "TMA": 1,
+}
 # template file -> the problem whose tolerance it must meet
 CUDA_TEMPLATES = {
     "tf32_wgmma.py": "causal_conv1d",
@@ -26,8 +36,9 @@ CUDA_TEMPLATES = {
 
 @pytest.mark.parametrize("template", sorted(CUDA_TEMPLATES))
 def test_template_builds_and_constructs_for_every_shape(template: str, workspace) -> None:
-    result = compile_kernel(CUDA_TEMPLATES[template], (TEMPLATES / template).read_text(), "cuda",
-                            settings=workspace.settings)
+    result = compile_kernel(
+        CUDA_TEMPLATES[template], (TEMPLATES / template).read_text(), "cuda", settings=workspace.settings
+    )
     assert result.status == Status.passed, (result.message, result.log[-3000:])
     assert "b32_c64_o128_k3_d1_l131072" in result.shapes_instantiated
 
@@ -36,8 +47,13 @@ def test_template_builds_and_constructs_for_every_shape(template: str, workspace
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 @pytest.mark.parametrize("template", sorted(CUDA_TEMPLATES))
 def test_template_passes_every_correctness_shape_on_the_gpu(template: str, workspace) -> None:
-    result = run_tests(CUDA_TEMPLATES[template], (TEMPLATES / template).read_text(), "cuda",
-                       EvalOptions(seeds=2), settings=workspace.settings)
+    result = run_tests(
+        CUDA_TEMPLATES[template],
+        (TEMPLATES / template).read_text(),
+        "cuda",
+        EvalOptions(seeds=2),
+        settings=workspace.settings,
+    )
     assert result.status == Status.passed, result.message
     shapes = {c.shape for c in result.checks}
     assert {"odd", "k1", "short_l", "bias", "batch1", "b4_c512_o512_k3_d1_l16384"} <= shapes

@@ -12,23 +12,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ONE_CHECK, PROBLEM, REPO, SUBMISSIONS, candidate_source
+
+from kernelloop.tools import api, toolchain
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import import_problem_module, load_problem
+from kernelloop.tools.results import Status
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU is visible: the gpu tests run on the H200", allow_module_level=True)
 
-from conftest import REPO, SUBMISSIONS, candidate_source  # noqa: E402
-
-from kernelloop.tools import api, toolchain  # noqa: E402
-from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.problems import import_problem_module, load_problem  # noqa: E402
-from kernelloop.tools.results import Status  # noqa: E402
-
-PROBLEM = "causal_conv1d"
 CUDA_EXAMPLE = (REPO / "reference_problems/causal_conv1d/example_cuda.py").read_text()
 GPU_NAME = "kernelloop_test_gpu_kernels"
 GPU_FUNCTIONS = ["conv_correct", "conv_off_by_one", "conv_illegal_address", "conv_side_stream", "conv_unwritten"]
-ONE_CHECK = EvalOptions(shapes=["small"], seeds=1)
 SIDE_STREAM_SHAPE = "b16_c64_o64_k3_d4_l32768"  # the naive kernel takes ~5 ms here: quick to time
 # cuDNN TF32 (PyTorch's default) on the H200, measured apart from kernelloop: median, 256 MB L2 flush
 H200_CUDNN_ANCHORS_MS = {
@@ -54,9 +51,15 @@ def gpu_kernels(workspace) -> Path:
         if toolchain.cuda_home():  # the toolkit the tools build with, whatever torch guessed at import
             patch.setattr(cpp_extension, "CUDA_HOME", toolchain.cuda_home())
         cpp_extension.load_inline(
-            name=GPU_NAME, cpp_sources=(SUBMISSIONS / "gpu_test_kernels.cpp").read_text(),
-            cuda_sources=(SUBMISSIONS / "gpu_test_kernels.cu").read_text(), functions=GPU_FUNCTIONS,
-            extra_cuda_cflags=["-O3"], build_directory=str(build_dir), verbose=False, **options)
+            name=GPU_NAME,
+            cpp_sources=(SUBMISSIONS / "gpu_test_kernels.cpp").read_text(),
+            cuda_sources=(SUBMISSIONS / "gpu_test_kernels.cu").read_text(),
+            functions=GPU_FUNCTIONS,
+            extra_cuda_cflags=["-O3"],
+            build_directory=str(build_dir),
+            verbose=False,
+            **options,
+        )
     return build_dir
 
 
@@ -79,8 +82,9 @@ def test_seed_kernel_passes_every_cuda_shape(workspace):
 
 
 def test_off_by_one_cuda_kernel_is_wrong_result(workspace, gpu_kernels):
-    result = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_off_by_one"), "cuda", ONE_CHECK,
-                           workspace.settings)
+    result = api.run_tests(
+        PROBLEM, gpu_candidate(gpu_kernels, "conv_off_by_one"), "cuda", ONE_CHECK, workspace.settings
+    )
 
     assert result.status == Status.wrong_result, result.message
     check = result.checks[-1]
@@ -90,8 +94,9 @@ def test_off_by_one_cuda_kernel_is_wrong_result(workspace, gpu_kernels):
 
 
 def test_illegal_address_is_runtime_error_and_the_next_job_passes(workspace, gpu_kernels):
-    result = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_illegal_address"), "cuda", ONE_CHECK,
-                           workspace.settings)
+    result = api.run_tests(
+        PROBLEM, gpu_candidate(gpu_kernels, "conv_illegal_address"), "cuda", ONE_CHECK, workspace.settings
+    )
 
     assert result.status == Status.runtime_error
     text = (result.message + result.sandbox.stderr).lower()
@@ -102,8 +107,7 @@ def test_illegal_address_is_runtime_error_and_the_next_job_passes(workspace, gpu
 
 
 def test_unwritten_torch_empty_output_fails(workspace, gpu_kernels):
-    result = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_unwritten"), "cuda", ONE_CHECK,
-                           workspace.settings)
+    result = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_unwritten"), "cuda", ONE_CHECK, workspace.settings)
 
     assert result.status in (Status.nan_or_inf, Status.wrong_result), result.message
 
@@ -119,8 +123,7 @@ def current_stream_benchmark(workspace, gpu_kernels):
 
 def test_work_on_a_side_stream_is_timed_in_full(workspace, gpu_kernels, current_stream_benchmark):
     options = EvalOptions(shapes=[SIDE_STREAM_SHAPE])
-    result = api.benchmark(PROBLEM, gpu_candidate(gpu_kernels, "conv_side_stream"), "cuda", options,
-                           workspace.settings)
+    result = api.benchmark(PROBLEM, gpu_candidate(gpu_kernels, "conv_side_stream"), "cuda", options, workspace.settings)
 
     side = result.shapes[0]
     # the candidate is bracketed by device-wide synchronizes: its side stream is inside the interval

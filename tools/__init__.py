@@ -4,5 +4,13 @@ from kernelloop.tools.api import benchmark, compile_kernel, run_tests
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.results import BenchmarkResult, CompileResult, Status, TestResult
 
-__all__ = ["compile_kernel", "run_tests", "benchmark", "EvalOptions", "CompileResult", "TestResult",
-           "BenchmarkResult", "Status"]
+__all__ = [
+    "compile_kernel",
+    "run_tests",
+    "benchmark",
+    "EvalOptions",
+    "CompileResult",
+    "TestResult",
+    "BenchmarkResult",
+    "Status",
+]

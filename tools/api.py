@@ -38,30 +38,51 @@ def default_backend() -> Backend:
     return "cuda" if toolchain.gpu_arch() else "cpu"
 
 
-def compile_kernel(problem: ProblemSpec | str, code: str, backend: Backend | None = None,
-                   options: EvalOptions | None = None, settings: SandboxSettings | None = None,
-                   on_progress: Progress | None = None) -> CompileResult:
+def compile_kernel(
+    problem: ProblemSpec | str,
+    code: str,
+    backend: Backend | None = None,
+    options: EvalOptions | None = None,
+    settings: SandboxSettings | None = None,
+    on_progress: Progress | None = None,
+) -> CompileResult:
     """Build and import the submission and instantiate ModelNew for every shape of the problem."""
     return cast(CompileResult, run_phase("compile", problem, code, backend, options, settings, on_progress))
 
 
-def run_tests(problem: ProblemSpec | str, code: str, backend: Backend | None = None,
-              options: EvalOptions | None = None, settings: SandboxSettings | None = None,
-              on_progress: Progress | None = None) -> TestResult:
+def run_tests(
+    problem: ProblemSpec | str,
+    code: str,
+    backend: Backend | None = None,
+    options: EvalOptions | None = None,
+    settings: SandboxSettings | None = None,
+    on_progress: Progress | None = None,
+) -> TestResult:
     """Compile, then compare ModelNew with the float64 truth on every correctness shape and several seeds."""
     return cast(TestResult, run_phase("test", problem, code, backend, options, settings, on_progress))
 
 
-def benchmark(problem: ProblemSpec | str, code: str, backend: Backend | None = None,
-              options: EvalOptions | None = None, settings: SandboxSettings | None = None,
-              on_progress: Progress | None = None) -> BenchmarkResult:
+def benchmark(
+    problem: ProblemSpec | str,
+    code: str,
+    backend: Backend | None = None,
+    options: EvalOptions | None = None,
+    settings: SandboxSettings | None = None,
+    on_progress: Progress | None = None,
+) -> BenchmarkResult:
     """Compile, then time ModelNew against the reference on every benchmark shape."""
     return cast(BenchmarkResult, run_phase("benchmark", problem, code, backend, options, settings, on_progress))
 
 
-def run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Backend | None = None,
-              options: EvalOptions | None = None, settings: SandboxSettings | None = None,
-              on_progress: Progress | None = None) -> PhaseResult:
+def run_phase(
+    phase: Phase,
+    problem: ProblemSpec | str,
+    code: str,
+    backend: Backend | None = None,
+    options: EvalOptions | None = None,
+    settings: SandboxSettings | None = None,
+    on_progress: Progress | None = None,
+) -> PhaseResult:
     """Any phase of the registry by name: what the tools above and the service's executor call."""
     settings = settings or get_sandbox_settings()
     options = options or EvalOptions()
@@ -71,17 +92,34 @@ def run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Back
     entry = build_cache.cache_entry(settings.cache_dir, code, backend, fingerprint)
 
     def make_job(job_dir: Path, nonce: str) -> WorkerJob:
-        return WorkerJob(phase=phase, problem=spec, code=code, backend=backend, options=options, nonce=nonce,
-                         result_fd=-1, submission_path=str(job_dir / "submission.py"), build_dir=str(entry.path),
-                         cache_key=entry.key, cache_hit=entry.hit)
+        return WorkerJob(
+            phase=phase,
+            problem=spec,
+            code=code,
+            backend=backend,
+            options=options,
+            nonce=nonce,
+            result_fd=-1,
+            submission_path=str(job_dir / "submission.py"),
+            build_dir=str(entry.path),
+            cache_key=entry.key,
+            cache_hit=entry.hit,
+        )
 
     def on_reply(reply: WorkerReply) -> None:
         if on_progress is not None and not reply.final:
             on_progress(reply.result)
 
-    call = call_worker(WORKER_MODULE, make_job, WorkerReply, settings=settings, writable=[entry.path],
-                       timeout_s=options.timeout_s or getattr(settings, PHASES[phase].timeout_setting),
-                       on_reply=on_reply, folder_prefix=phase)
+    call = call_worker(
+        WORKER_MODULE,
+        make_job,
+        WorkerReply,
+        settings=settings,
+        writable=[entry.path],
+        timeout_s=options.timeout_s or getattr(settings, PHASES[phase].timeout_setting),
+        on_reply=on_reply,
+        folder_prefix=phase,
+    )
     report = call.report
     final = [r.result for r in call.replies if r.final]
     partial = [r.result for r in call.replies if not r.final]
@@ -95,14 +133,19 @@ def run_phase(phase: Phase, problem: ProblemSpec | str, code: str, backend: Back
         compiled.toolchain = fingerprint  # what the build cache keys on, from the host, never from the worker
         log = "\n".join(part for part in (compiled.log, report.stdout, report.stderr) if part)
         compiled.log_truncated = len(log.encode()) > settings.log_cap_bytes or report.output_truncated
-        compiled.log = log.encode()[-settings.log_cap_bytes:].decode(errors="replace")
+        compiled.log = log.encode()[-settings.log_cap_bytes :].decode(errors="replace")
     return result
 
 
-def _verdict_without_reply(phase: Phase, problem: str, backend: Backend, partial: Sequence[PhaseResult],
-                           report: SandboxReport) -> PhaseResult:
+def _verdict_without_reply(
+    phase: Phase, problem: str, backend: Backend, partial: Sequence[PhaseResult], report: SandboxReport
+) -> PhaseResult:
     """The worker ended without a final result: a timeout, a crash or an exit from submitted code."""
-    result = partial[-1] if partial else PHASES[phase].result_type(kind=phase, status=Status.runtime_error, problem=problem, backend=backend)
+    result = (
+        partial[-1]
+        if partial
+        else PHASES[phase].result_type(kind=phase, status=Status.runtime_error, problem=problem, backend=backend)
+    )
     where = _last_step(result)
     if report.timed_out:
         result.status = Status.timeout

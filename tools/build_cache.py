@@ -27,8 +27,9 @@ class CacheEntry(BaseModel):
 
 
 def cache_entry(cache_dir: Path, code: str, backend: str, toolchain: dict[str, str]) -> CacheEntry:
-    key = hashlib.sha256(json.dumps({"code": code, "backend": backend, "toolchain": toolchain},
-                                    sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps({"code": code, "backend": backend, "toolchain": toolchain}, sort_keys=True).encode()
+    ).hexdigest()
     path = cache_dir / key[:2] / key
     hit = (path / BUILT_MARKER).exists()
     path.mkdir(parents=True, exist_ok=True)

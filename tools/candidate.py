@@ -46,8 +46,9 @@ class ModelPair:
     parameter_mapping: str
 
 
-def build_pair(problem_module: ModuleType, model_new: type[torch.nn.Module], shape: ShapeSpec,
-               device: torch.device, seed: int) -> ModelPair:
+def build_pair(
+    problem_module: ModuleType, model_new: type[torch.nn.Module], shape: ShapeSpec, device: torch.device, seed: int
+) -> ModelPair:
     """Model and ModelNew from the same init inputs, with the reference's parameters copied over.
 
     A TypeError from ModelNew's constructor propagates: the caller reports it as a signature error.
@@ -65,7 +66,9 @@ def copy_parameters(reference: torch.nn.Module, candidate: torch.nn.Module) -> s
     else by order and shape. Returns a sentence saying what was matched and what was not."""
     ref_state = _tensors(reference)
     new_state = _tensors(candidate)
-    pairs: list[tuple[str, str]] = [(n, n) for n in ref_state if n in new_state and ref_state[n].shape == new_state[n].shape]
+    pairs: list[tuple[str, str]] = [
+        (n, n) for n in ref_state if n in new_state and ref_state[n].shape == new_state[n].shape
+    ]
     by_name = len(pairs)
     ref_left = [n for n in ref_state if n not in {a for a, _ in pairs}]
     new_left = [n for n in new_state if n not in {b for _, b in pairs}]
@@ -80,7 +83,10 @@ def copy_parameters(reference: torch.nn.Module, candidate: torch.nn.Module) -> s
             new_state[new_name].copy_(ref_state[ref_name])
     if not ref_state:
         return "the reference has no parameters or buffers"
-    words = [f"copied {len(pairs)} of {len(ref_state)} reference tensors ({by_name} by name, {len(pairs) - by_name} by order and shape)"]
+    words = [
+        f"copied {len(pairs)} of {len(ref_state)} reference tensors "
+        f"({by_name} by name, {len(pairs) - by_name} by order and shape)"
+    ]
     if ref_left:
         words.append("unmatched in the reference: " + ", ".join(f"{n} {tuple(ref_state[n].shape)}" for n in ref_left))
     if new_left:
@@ -94,8 +100,9 @@ def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def make_inputs(problem_module: ModuleType, shape: ShapeSpec, dtype: torch.dtype, device: torch.device,
-                seed: int) -> list[Any]:
+def make_inputs(
+    problem_module: ModuleType, shape: ShapeSpec, dtype: torch.dtype, device: torch.device, seed: int
+) -> list[Any]:
     """Fresh random inputs for one shape: randn of the declared sizes, drawn on the device, or the
     file's own get_inputs() under the seed for a plain KernelBench problem."""
     if shape.input_shapes is not None:

@@ -30,8 +30,11 @@ def format_problem(got: Any, expected: list[torch.Tensor]) -> str | None:
     if len(tensors) != len(expected):
         return f"ModelNew returned {len(tensors)} tensors, the reference {len(expected)}"
     for i, (g, e) in enumerate(zip(tensors, expected)):
-        for what, a, b in (("shape", tuple(g.shape), tuple(e.shape)), ("dtype", g.dtype, e.dtype),
-                           ("device", g.device, e.device)):
+        for what, a, b in (
+            ("shape", tuple(g.shape), tuple(e.shape)),
+            ("dtype", g.dtype, e.dtype),
+            ("device", g.device, e.device),
+        ):
             if a != b:
                 return f"output {i}: {what} {a}, expected {b}"
     return None
@@ -60,7 +63,9 @@ def compare(got: torch.Tensor, truth: torch.Tensor, tolerance: float) -> ShapeCh
     if mismatches:
         flat = int(torch.nonzero(bad.flatten(), as_tuple=False)[0].item())
         index = [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(bad.shape))] if bad.dim() else []
-        first = Mismatch(index=index, got=float(got64.flatten()[flat].item()), expected=float(truth.flatten()[flat].item()))
+        first = Mismatch(
+            index=index, got=float(got64.flatten()[flat].item()), expected=float(truth.flatten()[flat].item())
+        )
     finite_diff = diff[torch.isfinite(diff)]
     max_abs = float(finite_diff.max().item()) if finite_diff.numel() else 0.0
     truth_norm = truth[finite_truth].norm().item() or 1.0
@@ -70,17 +75,26 @@ def compare(got: torch.Tensor, truth: torch.Tensor, tolerance: float) -> ShapeCh
         message = f"{nan_count} NaN and {inf_count} Inf where the truth is finite"
     elif mismatches:
         status = Status.wrong_result
-        message = (f"{mismatches} of {got.numel()} elements differ by more than {tolerance:g} x max|truth| "
-                   f"({scale:.4g}); first at {first.index if first else '?'}: got {first.got if first else '?'}, "
-                   f"expected {first.expected if first else '?'}")
+        message = (
+            f"{mismatches} of {got.numel()} elements differ by more than {tolerance:g} x max|truth| "
+            f"({scale:.4g}); first at {first.index if first else '?'}: got {first.got if first else '?'}, "
+            f"expected {first.expected if first else '?'}"
+        )
     else:
         status = Status.passed
         message = ""
     return ShapeCheck(
-        shape="", seed=0, status=status, message=message, max_abs_error=max_abs,
+        shape="",
+        seed=0,
+        status=status,
+        message=message,
+        max_abs_error=max_abs,
         max_rel_error=max_abs / (scale or 1.0) if not (nan_count or inf_count) else float("inf"),
-        rel_l2_error=rel_l2, mismatches=mismatches, first_mismatch=first,
-        nan_count=nan_count, inf_count=inf_count,
+        rel_l2_error=rel_l2,
+        mismatches=mismatches,
+        first_mismatch=first,
+        nan_count=nan_count,
+        inf_count=inf_count,
     )
 
 

@@ -51,8 +51,9 @@ def _measured_copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / seconds * 1.25
 
 
-def floors(peaks: DevicePeaks | None, flops: int | None, bytes_moved: int | None,
-           allow_tf32: bool) -> tuple[float | None, float | None]:
+def floors(
+    peaks: DevicePeaks | None, flops: int | None, bytes_moved: int | None, allow_tf32: bool
+) -> tuple[float | None, float | None]:
     """(memory floor, roofline floor) in milliseconds; None where a count or a peak is unknown."""
     if peaks is None or bytes_moved is None:
         return None, None

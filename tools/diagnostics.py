@@ -24,15 +24,21 @@ BUILD_FAILURE_PREFIX = "Error building extension"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[mK]")
 # g++ (and the host compiler under nvcc): /path/main.cpp:12:5: error: message
-_GCC = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)? "
-                  r"(?P<sev>fatal error|error|warning|note): (?P<msg>.*)$")
+_GCC = re.compile(
+    r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)? "
+    r"(?P<sev>fatal error|error|warning|note): (?P<msg>.*)$"
+)
 # nvcc's front end (cudafe): /path/cuda.cu(12): warning #177-D: message
-_NVCC = re.compile(r"^(?P<file>\S.*?)\((?P<line>\d+)\): "
-                   r"(?P<sev>catastrophic error|error|warning|remark|note)(?: #(?P<code>[\w-]+))?: (?P<msg>.*)$")
+_NVCC = re.compile(
+    r"^(?P<file>\S.*?)\((?P<line>\d+)\): "
+    r"(?P<sev>catastrophic error|error|warning|remark|note)(?: #(?P<code>[\w-]+))?: (?P<msg>.*)$"
+)
 _PTXAS = re.compile(r"^ptxas\s+(?P<sev>fatal|error|warning)\s*: (?P<msg>.*)$")
 # ld, collect2 and nvlink name themselves; ld may also print just "main.cpp:(.text+0x5): undefined reference to"
-_LINKER = re.compile(r"^(?:\S*/)?(?P<msg>(?:ld(?:\.\w+)?|collect2|nvlink(?: \w+)?)\s*: (?P<body>.*)"
-                     r"|\S+: undefined reference to .*)$")
+_LINKER = re.compile(
+    r"^(?:\S*/)?(?P<msg>(?:ld(?:\.\w+)?|collect2|nvlink(?: \w+)?)\s*: (?P<body>.*)"
+    r"|\S+: undefined reference to .*)$"
+)
 _LINKER_CONTEXT = re.compile(r": in function .*:$")  # ld's "main.o: in function `f':" precedes the real message
 _GCC_QUOTE = r"^\s*{line} \| ?(?P<text>.*)$"  # g++ echoes the source line as "   12 |     code"
 _CARET = re.compile(r"^\s*\^[~^]*\s*$")  # nvcc echoes the source line, then a caret line under it
@@ -55,16 +61,30 @@ def python_error_diagnostics(exc: BaseException, source: str, submission_path: s
     """
     if isinstance(exc, SyntaxError) and exc.filename in (submission_path, None):
         message = f"{type(exc).__name__}: {exc.msg}"
-        return [Diagnostic(severity="error", line=exc.lineno, column=exc.offset, message=message,
-                           excerpt=excerpt(source, exc.lineno))]
+        return [
+            Diagnostic(
+                severity="error",
+                line=exc.lineno,
+                column=exc.offset,
+                message=message,
+                excerpt=excerpt(source, exc.lineno),
+            )
+        ]
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == submission_path]
     line = frames[-1].lineno if frames else None
     text = str(exc)
     if isinstance(exc, RuntimeError) and text.startswith(BUILD_FAILURE_PREFIX):
         headline = text.split(":", 1)[0]  # "Error building extension 'name'"; the rest is the log
-        return [*build_log_diagnostics(text, source),
-                Diagnostic(severity="error", line=line, message=f"RuntimeError: {headline}",
-                           excerpt=excerpt(source, line), tool="torch")]
+        return [
+            *build_log_diagnostics(text, source),
+            Diagnostic(
+                severity="error",
+                line=line,
+                message=f"RuntimeError: {headline}",
+                excerpt=excerpt(source, line),
+                tool="torch",
+            ),
+        ]
     message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return [Diagnostic(severity="error", line=line, message=message, excerpt=excerpt(source, line))]
 
@@ -82,7 +102,7 @@ def build_log_diagnostics(log: str, source: str) -> list[Diagnostic]:
     seen: set[tuple[str | None, int | None, str]] = set()  # (file, line, message)
     diagnostics: list[Diagnostic] = []
     for i, text in enumerate(lines):
-        diagnostic = _parse_line(text, lines[i + 1:i + 1 + ECHO_WINDOW], submitted, generated)
+        diagnostic = _parse_line(text, lines[i + 1 : i + 1 + ECHO_WINDOW], submitted, generated)
         if diagnostic is None:
             continue
         key = (diagnostic.generated_file, diagnostic.generated_line, diagnostic.message)
@@ -95,8 +115,9 @@ def build_log_diagnostics(log: str, source: str) -> list[Diagnostic]:
     return diagnostics
 
 
-def _parse_line(text: str, following: list[str], submitted: list[str],
-                generated: dict[str, list[str] | None]) -> Diagnostic | None:
+def _parse_line(
+    text: str, following: list[str], submitted: list[str], generated: dict[str, list[str] | None]
+) -> Diagnostic | None:
     """One log line as a diagnostic, or None for commands, context lines and source echoes."""
     if m := _GCC.match(text) or _NVCC.match(text):
         fields = m.groupdict()
@@ -104,11 +125,21 @@ def _parse_line(text: str, following: list[str], submitted: list[str],
         message = f"{fields['msg']} [#{fields['code']}]" if fields.get("code") else fields["msg"]
         column = int(fields["col"]) if fields.get("col") else None
         tool = "nvcc" if path.endswith((".cu", ".cuh")) else "gcc"
-        return _located(_SEVERITY.get(fields["sev"], fields["sev"]), message, tool, path, line, column,
-                        _quoted_source(line, following), submitted, generated)
+        return _located(
+            _SEVERITY.get(fields["sev"], fields["sev"]),
+            message,
+            tool,
+            path,
+            line,
+            column,
+            _quoted_source(line, following),
+            submitted,
+            generated,
+        )
     if m := _PTXAS.match(text):
-        return Diagnostic(severity=_SEVERITY.get(m["sev"], m["sev"]), line=None, message=f"ptxas: {m['msg']}",
-                          tool="nvcc")
+        return Diagnostic(
+            severity=_SEVERITY.get(m["sev"], m["sev"]), line=None, message=f"ptxas: {m['msg']}", tool="nvcc"
+        )
     if (m := _LINKER.match(text)) and not _LINKER_CONTEXT.search(text):
         severity = "warning" if (m["body"] or "").startswith("warning:") else "error"
         return Diagnostic(severity=severity, line=None, message=m["msg"], tool="linker")
@@ -128,8 +159,17 @@ def _quoted_source(line: int, following: list[str]) -> str | None:
     return None
 
 
-def _located(severity: str, message: str, tool: str, path: str, generated_line: int, column: int | None,
-             quoted: str | None, submitted: list[str], generated: dict[str, list[str] | None]) -> Diagnostic:
+def _located(
+    severity: str,
+    message: str,
+    tool: str,
+    path: str,
+    generated_line: int,
+    column: int | None,
+    quoted: str | None,
+    submitted: list[str],
+    generated: dict[str, list[str] | None],
+) -> Diagnostic:
     """A compiler diagnostic with its line mapped to the submission when the file is one load_inline wrote."""
     name = Path(path).name
     line, generated_text = None, quoted
@@ -145,8 +185,16 @@ def _located(severity: str, message: str, tool: str, path: str, generated_line: 
     text = submitted[line - 1] if line is not None else None
     if text is not None and column is not None and generated_text is not None:
         column += _indent(text) - _indent(generated_text)  # the string may have been dedented
-    return Diagnostic(severity=severity, line=line, column=column, message=message, excerpt=text, tool=tool,
-                      generated_file=name, generated_line=generated_line)
+    return Diagnostic(
+        severity=severity,
+        line=line,
+        column=column,
+        message=message,
+        excerpt=text,
+        tool=tool,
+        generated_file=name,
+        generated_line=generated_line,
+    )
 
 
 def _read_lines(path: str) -> list[str] | None:
@@ -170,8 +218,10 @@ def _align(generated: list[str], n: int, submitted: list[str]) -> int | None:
     for m, text in enumerate(submitted, start=1):
         if text.strip() == target:
             offset = m - n
-            scores[m] = sum(1 <= g + offset <= len(submitted)
-                            and submitted[g + offset - 1].strip() == generated[g - 1].strip() for g in context)
+            scores[m] = sum(
+                1 <= g + offset <= len(submitted) and submitted[g + offset - 1].strip() == generated[g - 1].strip()
+                for g in context
+            )
     if not scores:
         return None
     best = max(scores.values())

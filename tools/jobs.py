@@ -18,7 +18,9 @@ class EvalOptions(BaseModel):
 
     shapes: list[str] | None = Field(None, description="names of shapes to use; default: all of the phase's shapes")
     seeds: int = Field(3, ge=1, le=20, description="fresh random input sets per correctness shape")
-    timeout_s: float | None = Field(None, gt=0, le=3600, description="wall-clock limit of the worker; default per phase")
+    timeout_s: float | None = Field(
+        None, gt=0, le=3600, description="wall-clock limit of the worker; default per phase"
+    )
     compare_torch_compile: bool = Field(False, description="benchmark: also time torch.compile(Model)")
     time_budget_s: float = Field(2.0, gt=0, le=60, description="benchmark: seconds of timing per shape")
     min_samples: int = Field(25, ge=3, le=1000)

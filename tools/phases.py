@@ -53,11 +53,18 @@ def _error_text(exc: BaseException) -> str:
 
 def compile_phase(job: WorkerJob, report: Report) -> tuple[CompileResult, Loaded | None]:
     """Build and import the submission, find ModelNew, and instantiate it for every shape."""
-    result = CompileResult(status=Status.passed, problem=job.problem.name, backend=job.backend,
-                           cache_key=job.cache_key, cache_hit=job.cache_hit)
+    result = CompileResult(
+        status=Status.passed,
+        problem=job.problem.name,
+        backend=job.backend,
+        cache_key=job.cache_key,
+        cache_hit=job.cache_hit,
+    )
     device = _device(job)
     has_device = device.type != "cuda" or torch.cuda.is_available()
-    result.device = _device_name(device) if has_device else "none (no GPU visible: built, imported and constructed on the CPU)"
+    result.device = (
+        _device_name(device) if has_device else "none (no GPU visible: built, imported and constructed on the CPU)"
+    )
     try:
         problem_module = import_problem_module(Path(job.problem.path))
     except Exception as exc:
@@ -90,8 +97,10 @@ def compile_phase(job: WorkerJob, report: Report) -> tuple[CompileResult, Loaded
             model_new(*shape.init_inputs)
         except TypeError as exc:
             result.status = Status.signature_error
-            result.message = (f"ModelNew{tuple(shape.init_inputs)} failed for shape {shape.name}: {exc}; ModelNew "
-                              f"must take the reference's constructor arguments {_signature(problem_module)}")
+            result.message = (
+                f"ModelNew{tuple(shape.init_inputs)} failed for shape {shape.name}: {exc}; ModelNew "
+                f"must take the reference's constructor arguments {_signature(problem_module)}"
+            )
             return result, None
         except Exception as exc:
             result.status = Status.runtime_error
@@ -101,7 +110,9 @@ def compile_phase(job: WorkerJob, report: Report) -> tuple[CompileResult, Loaded
     if not has_device:
         if job.phase != "compile":
             result.status = Status.sandbox_error
-            result.message = "the cuda backend needs a GPU to test or time, and none is visible here; use the cpu backend"
+            result.message = (
+                "the cuda backend needs a GPU to test or time, and none is visible here; use the cpu backend"
+            )
         return result, None
     return result, Loaded(problem_module, model_new, device)
 
@@ -152,9 +163,15 @@ def _poison_free_memory(device: torch.device, like: list[torch.Tensor]) -> None:
 
 def test_phase(job: WorkerJob, report: Report) -> TestResult:
     compiled, loaded = compile_phase(job, report)
-    result = TestResult(status=compiled.status, message=compiled.message, problem=job.problem.name,
-                        backend=job.backend, device=compiled.device, compile=compiled,
-                        tolerance=job.problem.tolerance)
+    result = TestResult(
+        status=compiled.status,
+        message=compiled.message,
+        problem=job.problem.name,
+        backend=job.backend,
+        device=compiled.device,
+        compile=compiled,
+        tolerance=job.problem.tolerance,
+    )
     if loaded is None:
         return result
     report(result)
@@ -184,8 +201,16 @@ def test_phase(job: WorkerJob, report: Report) -> TestResult:
     return result
 
 
-def _check_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, seed: int, dtype: torch.dtype, tol: float,
-               ops: set[str], result: TestResult) -> ShapeCheck:
+def _check_one(
+    job: WorkerJob,
+    loaded: Loaded,
+    shape: ShapeSpec,
+    seed: int,
+    dtype: torch.dtype,
+    tol: float,
+    ops: set[str],
+    result: TestResult,
+) -> ShapeCheck:
     """Candidate on fresh (NaN-poisoned) memory, then the reference and the float64 truth, then the
     candidate again on poisoned memory; both candidate outputs must match the truth and each other."""
     device = loaded.device
@@ -223,7 +248,14 @@ def _check_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, seed: int, dtyp
         if problem:
             return fail(Status.wrong_output, problem)
         reference64 = copy.deepcopy(pair.reference).double()
-        truth = checking.flatten_outputs(reference64(*[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs])) or []
+        truth = (
+            checking.flatten_outputs(
+                reference64(
+                    *[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+                )
+            )
+            or []
+        )
         del reference64
         reference_error = max(checking.relative_max_error(r, t) for r, t in zip(reference_out, truth))
         del reference_out
@@ -239,25 +271,38 @@ def _check_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, seed: int, dtyp
         check = again
         check.message = "the second run, after the reference ran and its memory was freed: " + check.message
     elif check.status == Status.passed:
-        drift = max(checking.relative_max_error(a, b.double()) for a, b in
-                    zip(checking.flatten_outputs(first) or [], checking.flatten_outputs(second) or []))
+        drift = max(
+            checking.relative_max_error(a, b.double())
+            for a, b in zip(checking.flatten_outputs(first) or [], checking.flatten_outputs(second) or [])
+        )
         if drift > tol:
             check.status = Status.nondeterministic
             check.message = f"two runs on one input differ by {drift:.3g} x max|output| (tolerance {tol:g}): a race?"
     check.shape, check.seed, check.reference_max_rel_error = shape.name, seed, reference_error
     if check.status == Status.passed and reference_error > tol / 2:
         check.status = Status.sandbox_error
-        check.message = (f"the reference's own error {reference_error:.3g} leaves less than a 2x margin under the "
-                         f"tolerance {tol:g}: this problem's tolerance policy is too tight to judge by")
+        check.message = (
+            f"the reference's own error {reference_error:.3g} leaves less than a 2x margin under the "
+            f"tolerance {tol:g}: this problem's tolerance policy is too tight to judge by"
+        )
     return check
 
 
 def benchmark_phase(job: WorkerJob, report: Report) -> BenchmarkResult:
     compiled, loaded = compile_phase(job, report)
-    result = BenchmarkResult(status=compiled.status, message=compiled.message, problem=job.problem.name,
-                             backend=job.backend, device=compiled.device, compile=compiled,
-                             timing_method=("cuda events, L2 flush, interleaved, median; candidate bracketed by device-wide syncs"
-                                            if job.backend == "cuda" else "perf_counter per call, interleaved, median"))
+    result = BenchmarkResult(
+        status=compiled.status,
+        message=compiled.message,
+        problem=job.problem.name,
+        backend=job.backend,
+        device=compiled.device,
+        compile=compiled,
+        timing_method=(
+            "cuda events, L2 flush, interleaved, median; candidate bracketed by device-wide syncs"
+            if job.backend == "cuda"
+            else "perf_counter per call, interleaved, median"
+        ),
+    )
     if loaded is None:
         return result
     report(result)
@@ -276,7 +321,9 @@ def benchmark_phase(job: WorkerJob, report: Report) -> BenchmarkResult:
     speedups = [s.speedup for s in result.shapes if s.speedup]
     result.geomean_speedup = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
     result.status = Status.passed
-    result.message = f"geometric mean speedup {result.geomean_speedup:.3f}x over {len(speedups)} shapes" if speedups else ""
+    result.message = (
+        f"geometric mean speedup {result.geomean_speedup:.3f}x over {len(speedups)} shapes" if speedups else ""
+    )
     return result
 
 
@@ -285,7 +332,9 @@ def _on_input_set(model: Callable[..., Any], input_sets: list[list[Any]]) -> tim
     return lambda i: model(*input_sets[i])
 
 
-def _benchmark_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, peaks: devices.DevicePeaks | None) -> ShapeBenchmark:
+def _benchmark_one(
+    job: WorkerJob, loaded: Loaded, shape: ShapeSpec, peaks: devices.DevicePeaks | None
+) -> ShapeBenchmark:
     device, dtype = loaded.device, DTYPES.get(job.problem.dtype, torch.float32)
     seed = secrets.randbelow(2**31)
     pair = candidate.build_pair(loaded.problem_module, loaded.model_new, shape, device, seed)
@@ -293,8 +342,13 @@ def _benchmark_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, peaks: devi
     if job.options.compare_torch_compile:
         subjects["compiled_reference"] = torch.compile(pair.reference)
     n_sets = 2
-    input_sets = {name: [candidate.make_inputs(loaded.problem_module, shape, dtype, device, seed + 7919 * (k + 1) + i)
-                         for i in range(n_sets)] for k, name in enumerate(subjects)}
+    input_sets = {
+        name: [
+            candidate.make_inputs(loaded.problem_module, shape, dtype, device, seed + 7919 * (k + 1) + i)
+            for i in range(n_sets)
+        ]
+        for k, name in enumerate(subjects)
+    }
     generator = torch.Generator(device=device).manual_seed(seed)
 
     def refresh(name: str, set_index: int) -> None:
@@ -304,37 +358,53 @@ def _benchmark_one(job: WorkerJob, loaded: Loaded, shape: ShapeSpec, peaks: devi
     with torch.no_grad():
         measured = timing.measure(
             {name: _on_input_set(model, input_sets[name]) for name, model in subjects.items()},
-            refresh, n_sets, device, budget_s=job.options.time_budget_s, min_samples=job.options.min_samples,
-            max_samples=job.options.max_samples, suspects=("candidate",),
+            refresh,
+            n_sets,
+            device,
+            budget_s=job.options.time_budget_s,
+            min_samples=job.options.min_samples,
+            max_samples=job.options.max_samples,
+            suspects=("candidate",),
         )
-        problem = _check_timed_outputs(pair, input_sets["candidate"], measured.last_outputs["candidate"],
-                                       job.problem.tolerance.max_rel_error)
+        problem = _check_timed_outputs(
+            pair, input_sets["candidate"], measured.last_outputs["candidate"], job.problem.tolerance.max_rel_error
+        )
     stats = {name: timing.summarize(s) for name, s in measured.samples_ms.items()}
     cand, ref = stats["candidate"], stats["reference"]
-    entry = ShapeBenchmark(shape=shape.name, status=Status.passed, candidate=cand, reference=ref,
-                           compiled_reference=stats.get("compiled_reference"),
-                           speedup=ref.median_ms / cand.median_ms if cand.median_ms > 0 else None,
-                           outputs_checked=len(measured.last_outputs["candidate"]))
+    entry = ShapeBenchmark(
+        shape=shape.name,
+        status=Status.passed,
+        candidate=cand,
+        reference=ref,
+        compiled_reference=stats.get("compiled_reference"),
+        speedup=ref.median_ms / cand.median_ms if cand.median_ms > 0 else None,
+        outputs_checked=len(measured.last_outputs["candidate"]),
+    )
     if entry.compiled_reference and cand.median_ms > 0:
         entry.speedup_vs_compiled = entry.compiled_reference.median_ms / cand.median_ms
     seconds = cand.median_ms / 1e3
     if seconds > 0:
         entry.tflops = shape.flops / seconds / 1e12 if shape.flops else None
         entry.gbps = shape.bytes / seconds / 1e9 if shape.bytes else None
-    entry.memory_floor_ms, entry.floor_ms = devices.floors(peaks, shape.flops, shape.bytes, job.problem.tolerance.allow_tf32)
+    entry.memory_floor_ms, entry.floor_ms = devices.floors(
+        peaks, shape.flops, shape.bytes, job.problem.tolerance.allow_tf32
+    )
     if entry.floor_ms and cand.median_ms > 0:
         entry.fraction_of_floor = entry.floor_ms / cand.median_ms
     if problem:
         entry.status, entry.message = Status.suspicious, problem
     elif entry.memory_floor_ms and cand.median_ms < entry.memory_floor_ms:
         entry.status = Status.suspicious
-        entry.message = (f"median {cand.median_ms:.4f} ms is under the memory floor {entry.memory_floor_ms:.4f} ms "
-                         f"({shape.bytes} bytes at {peaks.bandwidth_bytes_s / 1e12 if peaks else 0:.2f} TB/s): not a real speedup")
+        entry.message = (
+            f"median {cand.median_ms:.4f} ms is under the memory floor {entry.memory_floor_ms:.4f} ms "
+            f"({shape.bytes} bytes at {peaks.bandwidth_bytes_s / 1e12 if peaks else 0:.2f} TB/s): not a real speedup"
+        )
     return entry
 
 
-def _check_timed_outputs(pair: candidate.ModelPair, input_sets: list[list[Any]], outputs: dict[int, Any],
-                         tol: float) -> str | None:
+def _check_timed_outputs(
+    pair: candidate.ModelPair, input_sets: list[list[Any]], outputs: dict[int, Any], tol: float
+) -> str | None:
     """The last timed output of each input set must match the reference on that set's current contents;
     a kernel that caches results by pointer or by value fails here."""
     for set_index, got in outputs.items():
@@ -345,8 +415,8 @@ def _check_timed_outputs(pair: candidate.ModelPair, input_sets: list[list[Any]],
         for g, e in zip(checking.flatten_outputs(got) or [], expected):
             error = checking.relative_max_error(g, e.double())
             if not error <= 2 * tol:
-                return (f"timed output of input set {set_index} is off by {error:.3g} x max|reference| "
-                        f"(tolerance {2 * tol:g}): results were reused or computed wrong while timed")
+                return (
+                    f"timed output of input set {set_index} is off by {error:.3g} x max|reference| "
+                    f"(tolerance {2 * tol:g}): results were reused or computed wrong while timed"
+                )
     return None
-
-

@@ -27,8 +27,9 @@ def _exercise(spec: ProblemSpec) -> None:
         try:
             model = module.Model(*shape.init_inputs)
         except Exception as exc:
-            raise ValueError(f"Model{tuple(shape.init_inputs)} failed for shape {shape.name}: "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise ValueError(
+                f"Model{tuple(shape.init_inputs)} failed for shape {shape.name}: {type(exc).__name__}: {exc}"
+            ) from exc
         if not isinstance(model, torch.nn.Module):
             raise ValueError("Model must be a torch.nn.Module")
         if shape.input_shapes is None:

@@ -140,7 +140,9 @@ def load_problem_file(path: Path, name: str | None = None) -> ProblemSpec:
     module = import_problem_module(path)
     missing = [attr for attr in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, attr)]
     if missing:
-        raise ProblemError(f"{path}: a problem file must define Model, get_inputs and get_init_inputs; missing {missing}")
+        raise ProblemError(
+            f"{path}: a problem file must define Model, get_inputs and get_init_inputs; missing {missing}"
+        )
     has_metadata = hasattr(module, "SHAPES")
     shapes = _shapes_from_metadata(module, path) if has_metadata else [_default_shape(module)]
     allow_tf32 = bool(getattr(module, "ALLOW_TF32", False))

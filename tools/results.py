@@ -9,7 +9,7 @@ field's meaning is defined.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,7 +50,9 @@ class Diagnostic(BaseModel):
     message: str
     excerpt: str | None = Field(None, description="the submitted source line the message points at")
     tool: Literal["python", "nvcc", "gcc", "linker", "ninja", "torch"] = "python"
-    generated_file: str | None = Field(None, description="file the compiler saw (cuda.cu, main.cpp), if not the submission")
+    generated_file: str | None = Field(
+        None, description="file the compiler saw (cuda.cu, main.cpp), if not the submission"
+    )
     generated_line: int | None = None
 
 
@@ -172,7 +174,7 @@ class BenchmarkResult(PhaseResult):
     timing_method: str = ""
 
 
-PhaseResultAny = Annotated[Union[CompileResult, TestResult, BenchmarkResult], Field(discriminator="kind")]
+PhaseResultAny = Annotated[CompileResult | TestResult | BenchmarkResult, Field(discriminator="kind")]
 
 
 def compile_part(result: PhaseResult) -> CompileResult | None:

@@ -29,8 +29,20 @@ from kernelloop.tools.settings import SandboxSettings
 
 # The only variables a worker inherits from the caller; secrets and service settings stay behind.
 ENV_ALLOWLIST = (
-    "PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-    "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH", "CC", "CXX", "MAX_JOBS", "TRITON_CACHE_DIR",
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "LD_LIBRARY_PATH",
+    "CC",
+    "CXX",
+    "MAX_JOBS",
+    "TRITON_CACHE_DIR",
 )
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -39,8 +51,10 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 def available_isolation(preference: str = "auto") -> Isolation:
     """The strongest isolation that actually starts a process here (probed once)."""
     probes: list[tuple[Isolation, list[str]]] = [
-        ("bubblewrap", ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net",
-                        "--unshare-pid", "--die-with-parent", "true"]),
+        (
+            "bubblewrap",
+            _bubblewrap_argv(writable=[], hidden=[]) + ["true"],
+        ),
         ("unshare", ["unshare", "-n", "true"]),
     ]
     for kind, argv in probes:
@@ -54,8 +68,21 @@ def available_isolation(preference: str = "auto") -> Isolation:
 
 
 def _bubblewrap_argv(writable: list[Path], hidden: list[Path]) -> list[str]:
-    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
+    argv = [
+        "bwrap",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+    ]
     for node in sorted(glob.glob("/dev/nvidia*")):
         argv += ["--dev-bind", node, node]
     for path in hidden:
@@ -93,7 +120,7 @@ class _CappedReader(threading.Thread):
                 if room > 0:
                     self.head += chunk[:room]
                     chunk = chunk[room:]
-                self.tail = (self.tail + chunk)[-self.half:]
+                self.tail = (self.tail + chunk)[-self.half :]
 
     @property
     def truncated(self) -> bool:
@@ -124,7 +151,9 @@ class _MessageReader(threading.Thread):
 def worker_environment(extra: dict[str, str], job_dir: Path) -> dict[str, str]:
     env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
     env.update(
-        HOME=str(job_dir), TMPDIR=str(job_dir / "tmp"), PYTHONDONTWRITEBYTECODE="1",
+        HOME=str(job_dir),
+        TMPDIR=str(job_dir / "tmp"),
+        PYTHONDONTWRITEBYTECODE="1",
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)
@@ -142,10 +171,11 @@ def run_worker(
     on_message: Callable[[bytes], None],
     module: str = "kernelloop.tools.worker",
 ) -> SandboxReport:
-    """Start `python -m kernelloop.tools.worker` (or another worker `module`) isolated, feed it the job, wait at most `timeout_s`.
+    """Start `python -m MODULE` isolated, feed it the job, wait at most `timeout_s`.
 
     `writable` and the job folder (its HOME and TMPDIR) are the only paths it may write (under
-    bubblewrap); the service's data folder is hidden from it. Returns how the process ended; messages went to `on_message`.
+    bubblewrap); the service's data folder is hidden from it. Returns how the process ended; messages went
+    to `on_message`.
     """
     isolation = available_isolation(settings.isolation)
     (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -159,14 +189,23 @@ def run_worker(
     argv = prefix + [sys.executable, "-m", module, str(result_write)]
     started = time.monotonic()
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=job_dir, env=env,
-        pass_fds=(result_write,), start_new_session=True, close_fds=True,
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=job_dir,
+        env=env,
+        pass_fds=(result_write,),
+        start_new_session=True,
+        close_fds=True,
         preexec_fn=lambda: _limit_resources(int(timeout_s * 4) + 60),
     )
     os.close(result_write)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three are PIPEs
-    readers = [_CappedReader(os.dup(proc.stdout.fileno()), settings.output_cap_bytes),
-               _CappedReader(os.dup(proc.stderr.fileno()), settings.output_cap_bytes)]
+    readers = [
+        _CappedReader(os.dup(proc.stdout.fileno()), settings.output_cap_bytes),
+        _CappedReader(os.dup(proc.stderr.fileno()), settings.output_cap_bytes),
+    ]
     proc.stdout.close()
     proc.stderr.close()
     messages = _MessageReader(result_read, on_message)

@@ -43,9 +43,12 @@ class Measurement:
 
 def summarize(samples_ms: list[float]) -> Timing:
     return Timing(
-        median_ms=statistics.median(samples_ms), mean_ms=statistics.fmean(samples_ms),
+        median_ms=statistics.median(samples_ms),
+        mean_ms=statistics.fmean(samples_ms),
         std_ms=statistics.stdev(samples_ms) if len(samples_ms) > 1 else 0.0,
-        min_ms=min(samples_ms), max_ms=max(samples_ms), n=len(samples_ms),
+        min_ms=min(samples_ms),
+        max_ms=max(samples_ms),
+        n=len(samples_ms),
     )
 
 
@@ -83,9 +86,19 @@ class _CpuClock:
         return (time.perf_counter() - start) * 1e3
 
 
-def measure(subjects: dict[str, Subject], refresh: Callable[[str, int], None], n_sets: int, device: torch.device,
-            *, budget_s: float, min_samples: int, max_samples: int, suspects: tuple[str, ...] = (),
-            target_rel_se: float = 0.01, warmup_calls: int = 3) -> Measurement:
+def measure(
+    subjects: dict[str, Subject],
+    refresh: Callable[[str, int], None],
+    n_sets: int,
+    device: torch.device,
+    *,
+    budget_s: float,
+    min_samples: int,
+    max_samples: int,
+    suspects: tuple[str, ...] = (),
+    target_rel_se: float = 0.01,
+    warmup_calls: int = 3,
+) -> Measurement:
     """Time each subject, rotating through `n_sets` input sets that `refresh(name, i)` redraws in place
     before every call. Keeps each subject's last output per set for the caller to check. The subjects
     named in `suspects` are timed strictly (every stream counted)."""

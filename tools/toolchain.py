@@ -22,8 +22,14 @@ def cuda_home() -> str | None:
     nvcc = shutil.which("nvcc")
     if nvcc:
         candidates.append(str(Path(nvcc).resolve().parent.parent))
-    return next((c for c in candidates if c and Path(c, "bin", "nvcc").exists()
-                 and Path(c, "include", "cuda_runtime.h").exists()), None)
+    return next(
+        (
+            c
+            for c in candidates
+            if c and Path(c, "bin", "nvcc").exists() and Path(c, "include", "cuda_runtime.h").exists()
+        ),
+        None,
+    )
 
 
 @lru_cache(maxsize=1)
@@ -41,8 +47,12 @@ def gpu_arch() -> str | None:
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     caps = out.stdout.split()

@@ -70,8 +70,16 @@ def call_worker(
     try:
         job = make_job(job_dir, nonce).model_dump_json().encode()
         env = sandbox.worker_environment(toolchain.build_environment(settings), job_dir)
-        report = sandbox.run_worker(job, job_dir=job_dir, writable=writable or [], env=env, timeout_s=timeout_s,
-                                    settings=settings, on_message=on_message, module=module)
+        report = sandbox.run_worker(
+            job,
+            job_dir=job_dir,
+            writable=writable or [],
+            env=env,
+            timeout_s=timeout_s,
+            settings=settings,
+            on_message=on_message,
+            module=module,
+        )
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
     return WorkerCall(report=report, replies=replies, malformed=malformed)

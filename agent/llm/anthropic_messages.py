@@ -38,7 +38,9 @@ class AnthropicMessagesClient(HttpLlmClient):
         headers = {"anthropic-version": ANTHROPIC_VERSION}
         if self.api_key:
             headers["x-api-key"] = self.api_key
-        data = await self._post("/v1/messages", self.request_body(messages, tools), headers, "the Anthropic Messages API")
+        data = await self._post(
+            "/v1/messages", self.request_body(messages, tools), headers, "the Anthropic Messages API"
+        )
         if isinstance(data, LlmFailure):
             return data
         return parse_reply(data)

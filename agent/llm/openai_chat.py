@@ -35,7 +35,9 @@ class OpenAIChatClient(HttpLlmClient):
 
     async def complete(self, messages: list[ChatMessage], tools: list[ToolDefinition]) -> ChatReply | LlmFailure:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        data = await self._post("/chat/completions", self.request_body(messages, tools), headers, "the chat-completions API")
+        data = await self._post(
+            "/chat/completions", self.request_body(messages, tools), headers, "the chat-completions API"
+        )
         if isinstance(data, LlmFailure):
             return data
         return parse_reply(data)

@@ -23,8 +23,9 @@ async def post_json(
     key_hint: str = "",
 ) -> dict[str, Any] | LlmFailure:
     """The JSON answer of a successful POST, after up to `max_retries` retries."""
-    answer = await send_with_retries(lambda: http.post(url, json=body, headers=headers),
-                                     RetryPolicy(retries=max_retries, base_delay_s=base_delay_s))
+    answer = await send_with_retries(
+        lambda: http.post(url, json=body, headers=headers), RetryPolicy(retries=max_retries, base_delay_s=base_delay_s)
+    )
     result = _read(answer, url, what, key_hint)
     if isinstance(result, LlmFailure) and answer.exhausted:
         result.message += f" (after {answer.tries} tries)"
@@ -126,8 +127,16 @@ class HttpLlmClient:
 
     async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str], what: str) -> Any:
         """The parsed JSON answer, or an LlmFailure once retries are spent or the error is final."""
-        return await post_json(self._http, f"{self.base_url}{path}", body, headers, max_retries=self.max_retries,
-                               base_delay_s=self.base_delay_s, what=what, key_hint=self.key_hint)
+        return await post_json(
+            self._http,
+            f"{self.base_url}{path}",
+            body,
+            headers,
+            max_retries=self.max_retries,
+            base_delay_s=self.base_delay_s,
+            what=what,
+            key_hint=self.key_hint,
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()

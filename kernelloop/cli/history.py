@@ -53,15 +53,18 @@ def _history_runs(args: argparse.Namespace) -> int:
                 print(f"kernelloop history: unknown problem {args.problem!r}", file=sys.stderr)
                 return 2
             problem_id = row.id
-        page = history.list_runs(session, problem_id=problem_id, status=RunStatus(args.status) if args.status else None,
-                                 limit=args.limit)
+        page = history.list_runs(
+            session, problem_id=problem_id, status=RunStatus(args.status) if args.status else None, limit=args.limit
+        )
     if args.json:
         _print_json(page)
         return 0
     print(f"{'run':>5}  {'problem':22} {'status':11} {'attempts':>8} {'best':>8}  {'proposer':14} {'started':19}  name")
     for run in page.items:
-        print(f"{run.id:>5}  {run.problem:22} {run.status.value:11} {run.attempts:>8} {_fmt(run.best_speedup):>8}  "
-              f"{(run.proposer or '-'):14} {_when(run.created_at):19}  {run.name or ''}")
+        print(
+            f"{run.id:>5}  {run.problem:22} {run.status.value:11} {run.attempts:>8} {_fmt(run.best_speedup):>8}  "
+            f"{(run.proposer or '-'):14} {_when(run.created_at):19}  {run.name or ''}"
+        )
     print(f"{len(page.items)} of {page.total} runs")
     return 0
 
@@ -96,54 +99,82 @@ def _history_run(args: argparse.Namespace) -> int:
     if winners:
         print("  fastest per benchmark shape (the search's record):")
         for shape, winner in winners.items():
-            print(f"    {shape:34} {_fmt(winner.get('speedup'))}x  attempt #{winner.get('attempt_id') or '-'}  "
-                  f"{winner.get('label', '')}")
+            print(
+                f"    {shape:34} {_fmt(winner.get('speedup'))}x  attempt #{winner.get('attempt_id') or '-'}  "
+                f"{winner.get('label', '')}"
+            )
     print(f"  its attempts: kernelloop history attempts --run {run.id}")
     return 0
 
 
 def _history_attempts(args: argparse.Namespace) -> int:
     engine = _open(args)
-    f = AttemptFilter(problem=args.problem, run_id=args.run, status=AttemptStatus(args.status) if args.status else None,
-                      backend=args.backend, min_speedup=args.min_speedup, sort=args.sort, order=args.order,
-                      limit=args.limit, offset=args.offset)
+    f = AttemptFilter(
+        problem=args.problem,
+        run_id=args.run,
+        status=AttemptStatus(args.status) if args.status else None,
+        backend=args.backend,
+        min_speedup=args.min_speedup,
+        sort=args.sort,
+        order=args.order,
+        limit=args.limit,
+        offset=args.offset,
+    )
     with Session(engine) as session:
         page = history.list_attempts(session, f)
     if args.json:
         _print_json(page)
         return 0
-    print(f"{'id':>6} {'run':>5} {'step':>4} {'parent':>6}  {'problem':20} {'backend':7} {'stage':9} {'status':17} "
-          f"{'correct':7} {'speedup':>8}  {'proposer':12} created")
+    print(
+        f"{'id':>6} {'run':>5} {'step':>4} {'parent':>6}  {'problem':20} {'backend':7} {'stage':9} {'status':17} "
+        f"{'correct':7} {'speedup':>8}  {'proposer':12} created"
+    )
     for a in page.items:
         correct = "-" if a.correct is None else ("yes" if a.correct else "no")
-        print(f"{a.id:>6} {a.run_id or '-':>5} {a.step if a.step is not None else '-':>4} {a.parent_id or '-':>6}  "
-              f"{a.problem:20} {a.backend:7} {a.stage or '-':9} {a.status.value:17} {correct:7} {_fmt(a.speedup):>8}  "
-              f"{a.proposer[:12]:12} {_when(a.created_at)}")
+        print(
+            f"{a.id:>6} {a.run_id or '-':>5} {a.step if a.step is not None else '-':>4} {a.parent_id or '-':>6}  "
+            f"{a.problem:20} {a.backend:7} {a.stage or '-':9} {a.status.value:17} {correct:7} {_fmt(a.speedup):>8}  "
+            f"{a.proposer[:12]:12} {_when(a.created_at)}"
+        )
     print(f"{len(page.items)} of {page.total} attempts")
     return 0
 
 
 def _history_show(args: argparse.Namespace) -> int:
-    detail = _one(args, lambda session: history.attempt_detail(session, args.id),
-                  f"kernelloop history show: no attempt {args.id} (kernelloop history attempts lists them)")
+    detail = _one(
+        args,
+        lambda session: history.attempt_detail(session, args.id),
+        f"kernelloop history show: no attempt {args.id} (kernelloop history attempts lists them)",
+    )
     if detail is None:
         return 2
     if args.json:
         return 0
-    print(f"attempt {detail.id}: {detail.problem} on {detail.backend}, {detail.status.value}"
-          + (f", speedup {detail.speedup:.3f}x" if detail.speedup else "") + (f" on {detail.device}" if detail.device else ""))
-    print(f"  run {detail.run_id or '-'}, step {detail.step if detail.step is not None else '-'}, parent "
-          f"{detail.parent_id or '-'}, proposed by {detail.proposer}, from {detail.client or '-'}, {_when(detail.created_at)}")
+    print(
+        f"attempt {detail.id}: {detail.problem} on {detail.backend}, {detail.status.value}"
+        + (f", speedup {detail.speedup:.3f}x" if detail.speedup else "")
+        + (f" on {detail.device}" if detail.device else "")
+    )
+    print(
+        f"  run {detail.run_id or '-'}, step {detail.step if detail.step is not None else '-'}, parent "
+        f"{detail.parent_id or '-'}, proposed by {detail.proposer}, from {detail.client or '-'}, "
+        f"{_when(detail.created_at)}"
+    )
     if detail.rationale:
         print(f"  why: {detail.rationale}")
     print(f"  code: {detail.code_bytes} bytes, sha256 {detail.code_sha256[:16]}")
     for e in detail.evaluations:
         took = f"{(e.finished_at - e.started_at).total_seconds():.1f} s" if e.started_at and e.finished_at else "-"
-        print(f"  [{e.id}] {e.kind:9} {e.status.value:17} {took:>8}  {e.device or '-'}"
-              + (f"  speedup {e.speedup:.3f}x" if e.speedup else "") + (f"  {e.message[:100]}" if e.message else ""))
+        print(
+            f"  [{e.id}] {e.kind:9} {e.status.value:17} {took:>8}  {e.device or '-'}"
+            + (f"  speedup {e.speedup:.3f}x" if e.speedup else "")
+            + (f"  {e.message[:100]}" if e.message else "")
+        )
         if e.coverage is not None and not e.coverage.full:
             print(f"      {e.coverage.note}")
-        diagnostics = getattr(e.result, "diagnostics", None) or getattr(getattr(e.result, "compile", None), "diagnostics", [])
+        diagnostics = getattr(e.result, "diagnostics", None) or getattr(
+            getattr(e.result, "compile", None), "diagnostics", []
+        )
         for d in (diagnostics or [])[:5]:
             print(f"      {d.severity} line {d.line or '?'}: {d.message[:120]}")
     if args.code:
@@ -171,8 +202,10 @@ def _history_best(args: argparse.Namespace) -> int:
         return 0
     print(f"{'rank':>4}  {'problem':22} {'attempt':>7} {'run':>5} {'backend':7} {'speedup':>8}  {'proposer':14} device")
     for e in entries:
-        print(f"{e.rank:>4}  {e.problem:22} {e.attempt_id:>7} {e.run_id or '-':>5} {e.backend:7} {e.speedup:>8.3f}  "
-              f"{e.proposer[:14]:14} {e.device or '-'}")
+        print(
+            f"{e.rank:>4}  {e.problem:22} {e.attempt_id:>7} {e.run_id or '-':>5} {e.backend:7} {e.speedup:>8.3f}  "
+            f"{e.proposer[:14]:14} {e.device or '-'}"
+        )
     return 0
 
 
@@ -183,6 +216,7 @@ def _guarded(handler):
         except SchemaError as exc:
             print(f"kernelloop history: {exc}", file=sys.stderr)
             return 2
+
     return run
 
 

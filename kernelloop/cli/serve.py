@@ -18,8 +18,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = service_settings(args, host=args.host, port=args.port, cpu_workers=args.cpu_workers)
     if settings.api_token is None and not is_loopback(settings.host):
-        print(f"kernelloop serve: refusing to listen on {settings.host} without an API token: set "
-              "KERNELLOOP_API_TOKEN (every state-changing call then needs it), or listen on 127.0.0.1", file=sys.stderr)
+        print(
+            f"kernelloop serve: refusing to listen on {settings.host} without an API token: set "
+            "KERNELLOOP_API_TOKEN (every state-changing call then needs it), or listen on 127.0.0.1",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -28,13 +31,22 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"kernelloop serve: {exc}", file=sys.stderr)
         return 2
     if settings.api_token is None:
-        print(f"kernelloop: no API token set (KERNELLOOP_API_TOKEN): state-changing calls are open, so the service "
-              f"listens on loopback only, http://{settings.host}:{settings.port}", flush=True)
+        print(
+            f"kernelloop: no API token set (KERNELLOOP_API_TOKEN): state-changing calls are open, so the service "
+            f"listens on loopback only, http://{settings.host}:{settings.port}",
+            flush=True,
+        )
     else:
-        print(f"kernelloop: API token set: POST and PATCH need 'Authorization: Bearer <token>'; "
-              f"listening on http://{settings.host}:{settings.port}", flush=True)
-    print(f"kernelloop: database {describe_url(settings.resolved_database_url)}; data folder {settings.data_dir.resolve()}",
-          flush=True)
+        print(
+            f"kernelloop: API token set: POST and PATCH need 'Authorization: Bearer <token>'; "
+            f"listening on http://{settings.host}:{settings.port}",
+            flush=True,
+        )
+    print(
+        f"kernelloop: database {describe_url(settings.resolved_database_url)}; "
+        f"data folder {settings.data_dir.resolve()}",
+        flush=True,
+    )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5)
     return 0
 

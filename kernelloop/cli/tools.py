@@ -27,7 +27,10 @@ from kernelloop.tools.results import (
 def _format_compile(result: CompileResult) -> list[str]:
     lines = [f"compile: {result.status.value}" + (f" ({result.message})" if result.message else "")]
     if result.build_seconds is not None:
-        lines.append(f"  build {result.build_seconds:.2f} s, cache {'hit' if result.cache_hit else 'miss'}, key {result.cache_key[:16]}")
+        lines.append(
+            f"  build {result.build_seconds:.2f} s, cache {'hit' if result.cache_hit else 'miss'}, "
+            f"key {result.cache_key[:16]}"
+        )
     for d in result.diagnostics[:20]:
         where = f"line {d.line}" if d.line else (f"{d.generated_file}:{d.generated_line}" if d.generated_file else "?")
         lines.append(f"  {d.severity} [{d.tool}] {where}: {d.message}")
@@ -51,9 +54,12 @@ def _format_test(result: TestResult) -> list[str]:
 
 
 def _format_benchmark(result: BenchmarkResult) -> list[str]:
-    lines = [f"{'shape':34} {'ours ms':>10} {'ref ms':>10} {'speedup':>8} {'compile ms':>10} {'TFLOP/s':>8} "
-             f"{'GB/s':>8} {'floor ms':>9} {'of floor':>8} {'n':>5}  status"]
+    lines = [
+        f"{'shape':34} {'ours ms':>10} {'ref ms':>10} {'speedup':>8} {'compile ms':>10} {'TFLOP/s':>8} "
+        f"{'GB/s':>8} {'floor ms':>9} {'of floor':>8} {'n':>5}  status"
+    ]
     for s in result.shapes:
+
         def f(v: float | None, fmt: str) -> str:
             return format(v, fmt) if v is not None else "-"
 
@@ -63,8 +69,10 @@ def _format_benchmark(result: BenchmarkResult) -> list[str]:
         lines.append(
             f"{s.shape:34} {ms(s.candidate):>10} {ms(s.reference):>10} "
             f"{f(s.speedup, '.3f'):>8} {ms(s.compiled_reference):>10} "
-            f"{f(s.tflops, '.3g'):>8} {f(s.gbps, '.4g'):>8} {f(s.floor_ms, '.4f'):>9} {f(s.fraction_of_floor, '.1%'):>8} "
-            f"{s.candidate.n if s.candidate else 0:>5}  {s.status.value} {s.message[:60]}")
+            f"{f(s.tflops, '.3g'):>8} {f(s.gbps, '.4g'):>8} {f(s.floor_ms, '.4f'):>9} "
+            f"{f(s.fraction_of_floor, '.1%'):>8} "
+            f"{s.candidate.n if s.candidate else 0:>5}  {s.status.value} {s.message[:60]}"
+        )
     if result.geomean_speedup:
         lines.append(f"geometric mean speedup: {result.geomean_speedup:.3f}x  ({result.timing_method})")
     return lines
@@ -84,8 +92,11 @@ def format_result(result: PhaseResult) -> str:
         lines += _format_benchmark(result)
     if result.sandbox:
         s = result.sandbox
-        lines.append(f"sandbox: {s.isolation}, {s.wall_seconds:.1f} s" + (", timed out" if s.timed_out else "")
-                     + (f", signal {s.signal}" if s.signal else ""))
+        lines.append(
+            f"sandbox: {s.isolation}, {s.wall_seconds:.1f} s"
+            + (", timed out" if s.timed_out else "")
+            + (f", signal {s.signal}" if s.signal else "")
+        )
     return "\n".join(lines)
 
 
@@ -99,8 +110,13 @@ def _run_tool(args: argparse.Namespace) -> int:
     except ProblemError as exc:
         print(f"kernelloop: --problem: {exc}", file=sys.stderr)
         return 2
-    options = EvalOptions(shapes=args.shapes, seeds=args.seeds, compare_torch_compile=args.torch_compile,
-                          time_budget_s=args.time_budget, timeout_s=args.timeout)
+    options = EvalOptions(
+        shapes=args.shapes,
+        seeds=args.seeds,
+        compare_torch_compile=args.torch_compile,
+        time_budget_s=args.time_budget,
+        timeout_s=args.timeout,
+    )
     result = run_phase(args.phase, problem, path.read_text(), args.backend or default_backend(), options)
     print(result.model_dump_json(indent=2) if args.json else format_result(result))
     return 0 if result.status == Status.passed else 1

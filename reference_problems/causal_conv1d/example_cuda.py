@@ -2,6 +2,7 @@
 one thread per output element. The shipped example for the cuda backend."""
 
 import math
+
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

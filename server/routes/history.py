@@ -29,7 +29,9 @@ from kernelloop.tools.results import Backend
 
 router = APIRouter(prefix="/v1", tags=["history"])
 
-MUTATION_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 429)}
+MUTATION_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 429)
+}
 
 
 def _run(session: Session, run_id: int) -> Run:
@@ -42,8 +44,9 @@ def _run(session: Session, run_id: int) -> Run:
 def _attempt(session: Session, attempt_id: int, field: str) -> Attempt:
     attempt = session.get(Attempt, attempt_id)
     if attempt is None:
-        raise ApiError(404, "unknown_attempt", f"no attempt {attempt_id}", field=field,
-                       fix="GET /v1/attempts lists the attempts")
+        raise ApiError(
+            404, "unknown_attempt", f"no attempt {attempt_id}", field=field, fix="GET /v1/attempts lists the attempts"
+        )
     return attempt
 
 
@@ -55,9 +58,14 @@ def create_run(body: RunCreate, service: ServiceDep, session: SessionDep, _clien
 
 
 @router.get("/runs", response_model=Page[RunPublic], responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
-def list_runs(service: ServiceDep, session: SessionDep, problem: Annotated[str | None, Query(max_length=200)] = None,
-              status: RunStatus | None = None, limit: Annotated[int, Query(ge=1, le=500)] = 50,
-              offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[RunPublic]:
+def list_runs(
+    service: ServiceDep,
+    session: SessionDep,
+    problem: Annotated[str | None, Query(max_length=200)] = None,
+    status: RunStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+) -> Page[RunPublic]:
     """Runs, newest first, with their attempt count and best correct speedup."""
     problem_id = service.problem_row(session, problem, "query.problem").id if problem is not None else None
     return history.list_runs(session, problem_id=problem_id, status=status, limit=limit, offset=offset)
@@ -90,16 +98,27 @@ def get_attempt(attempt_id: AttemptId, session: SessionDep) -> AttemptDetail:
     return detail
 
 
-@router.get("/attempts/{attempt_id}/diff", response_model=AttemptDiff, responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
-def diff_attempt(attempt_id: AttemptId, session: SessionDep,
-                 against: Annotated[int | None, Query(ge=1, le=MAX_ID, description="default: the parent attempt")] = None,
-                 ) -> AttemptDiff:
+@router.get(
+    "/attempts/{attempt_id}/diff",
+    response_model=AttemptDiff,
+    responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+)
+def diff_attempt(
+    attempt_id: AttemptId,
+    session: SessionDep,
+    against: Annotated[int | None, Query(ge=1, le=MAX_ID, description="default: the parent attempt")] = None,
+) -> AttemptDiff:
     """Unified diff from another attempt's code (by default its parent's) to this one's."""
     attempt = _attempt(session, attempt_id, "path.attempt_id")
     base = against if against is not None else attempt.parent_id
     if base is None:
-        raise ApiError(422, "no_parent", f"attempt {attempt_id} has no parent to diff against", field="query.against",
-                       fix="give ?against=ATTEMPT_ID")
+        raise ApiError(
+            422,
+            "no_parent",
+            f"attempt {attempt_id} has no parent to diff against",
+            field="query.against",
+            fix="give ?against=ATTEMPT_ID",
+        )
     _attempt(session, base, "query.against")
     diff = history.diff_attempts(session, base, attempt_id)
     assert diff is not None  # both attempts exist

@@ -23,12 +23,17 @@ KEEPALIVE_S = 15.0
 
 
 @router.get("/jobs", response_model=Page[JobPublic], responses={422: {"model": ErrorBody}})
-def list_jobs(session: SessionDep, status: JobStatus | None = None,
-              limit: Annotated[int, Query(ge=1, le=500)] = 50,
-              offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> Page[JobPublic]:
+def list_jobs(
+    session: SessionDep,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+) -> Page[JobPublic]:
     """Jobs, newest first."""
     jobs, total = queue.list_jobs(session, status=status, limit=limit, offset=offset)
-    return Page[JobPublic](items=[queue.job_public(session, job) for job in jobs], total=total, limit=limit, offset=offset)
+    return Page[JobPublic](
+        items=[queue.job_public(session, job) for job in jobs], total=total, limit=limit, offset=offset
+    )
 
 
 @router.get("/jobs/{job_id}", response_model=JobPublic, responses={404: {"model": ErrorBody}})
@@ -37,26 +42,41 @@ def get_job(job_id: JobId, service: ServiceDep) -> JobPublic:
     return service.job(job_id)
 
 
-@router.get("/jobs/{job_id}/events", response_class=StreamingResponse,
-            responses={200: {"description": "Server-Sent Events, one per JobEventPublic: `id`, `event` (its type) "
-                             "and `data` (its JSON); the stream ends after `finished` or `failed`",
-                             "content": {"text/event-stream": {"schema": JobEventPublic.model_json_schema()}}},
-                       404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
-async def job_events(job_id: JobId, service: ServiceDep,
-                     after: Annotated[int, Query(ge=0, le=MAX_ID, description="replay events after this id")] = 0,
-                     last_event_id: Annotated[str | None, Header(description="resume after this event id")] = None,
-                     ) -> StreamingResponse:
+@router.get(
+    "/jobs/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "Server-Sent Events, one per JobEventPublic: `id`, `event` (its type) "
+            "and `data` (its JSON); the stream ends after `finished` or `failed`",
+            "content": {"text/event-stream": {"schema": JobEventPublic.model_json_schema()}},
+        },
+        404: {"model": ErrorBody},
+        422: {"model": ErrorBody},
+    },
+)
+async def job_events(
+    job_id: JobId,
+    service: ServiceDep,
+    after: Annotated[int, Query(ge=0, le=MAX_ID, description="replay events after this id")] = 0,
+    last_event_id: Annotated[str | None, Header(description="resume after this event id")] = None,
+) -> StreamingResponse:
     """Stream the job's events: queued, started, progress (per shape and seed), step_finished, interrupted,
     requeued, finished or failed. Past events are replayed first, so a late subscriber misses nothing."""
     await asyncio.to_thread(service.job, job_id)  # 404 for an unknown job, before the stream starts
     resume = int(last_event_id) if last_event_id and last_event_id.strip().isdigit() else 0
-    return StreamingResponse(_stream(service, job_id, max(after, min(resume, MAX_ID))), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        _stream(service, job_id, max(after, min(resume, MAX_ID))),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 def _read(service: Service, job_id: int, after: int) -> tuple[list[JobEventPublic], bool]:
     with Session(service.engine) as session:
-        events = [JobEventPublic.model_validate(e, from_attributes=True) for e in queue.events_after(session, job_id, after)]
+        events = [
+            JobEventPublic.model_validate(e, from_attributes=True) for e in queue.events_after(session, job_id, after)
+        ]
         job = session.get(Job, job_id)
         done = job is None or job.status in (JobStatus.finished.value, JobStatus.failed.value)
         return events, done

@@ -39,11 +39,19 @@ def _health(service: Service) -> Health:
     lanes: dict[str, int] = {}
     for lane in service.scheduler.lanes:
         lanes[lane.kind] = lanes.get(lane.kind, 0) + 1
-    return Health(status="ok", version=package_version(), schema_version=SCHEMA_VERSION,
-                  database=describe_url(str(service.engine.url)), isolation=available_isolation(service.settings.sandbox.isolation),
-                  auth="token" if service.settings.api_token else "none", default_backend=service.default_backend,
-                  lanes=lanes, queue=QueueDepth(**depth), problems=names,
-                  uptime_s=round(time.monotonic() - service.started, 1))
+    return Health(
+        status="ok",
+        version=package_version(),
+        schema_version=SCHEMA_VERSION,
+        database=describe_url(str(service.engine.url)),
+        isolation=available_isolation(service.settings.sandbox.isolation),
+        auth="token" if service.settings.api_token else "none",
+        default_backend=service.default_backend,
+        lanes=lanes,
+        queue=QueueDepth(**depth),
+        problems=names,
+        uptime_s=round(time.monotonic() - service.started, 1),
+    )
 
 
 @router.get("/health", response_model=Health)
@@ -57,8 +65,10 @@ def _devices(service: Service) -> DevicesReport:
         depth = queue.queue_depth(session)
         running = queue.running_jobs_by_lane(session)
     busy = service.scheduler.busy()
-    lanes = [LaneState(name=lane.name, kind=lane.kind, gpu=lane.gpu, job_id=busy.get(lane.name) or running.get(lane.name))
-             for lane in service.scheduler.lanes]
+    lanes = [
+        LaneState(name=lane.name, kind=lane.kind, gpu=lane.gpu, job_id=busy.get(lane.name) or running.get(lane.name))
+        for lane in service.scheduler.lanes
+    ]
     return DevicesReport(gpus=gpu_inventory(), lanes=lanes, queue=QueueDepth(**depth))
 
 

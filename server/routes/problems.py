@@ -30,11 +30,18 @@ def get_problem(name: ProblemName, service: ServiceDep, session: SessionDep) -> 
     return problems.detail(service.problem_row(session, name, "path.name"))
 
 
-@router.post("/problems", response_model=ProblemDetail, status_code=201,
-             responses={200: {"model": ProblemDetail, "description": "the same file was already registered"},
-                        **{code: {"model": ErrorBody} for code in (400, 401, 409, 413, 422, 429)}})
-async def register_problem(body: ProblemCreate, service: ServiceDep, _client: MutationGuard,
-                           response: Response) -> ProblemDetail:
+@router.post(
+    "/problems",
+    response_model=ProblemDetail,
+    status_code=201,
+    responses={
+        200: {"model": ProblemDetail, "description": "the same file was already registered"},
+        **{code: {"model": ErrorBody} for code in (400, 401, 409, 413, 422, 429)},
+    },
+)
+async def register_problem(
+    body: ProblemCreate, service: ServiceDep, _client: MutationGuard, response: Response
+) -> ProblemDetail:
     """Register a KernelBench-format file. It is imported, and Model built for each shape, in the sandbox
     before it is kept; nothing in it runs in the service."""
     detail, created = await run_in_threadpool(service.register_problem, body)
@@ -43,9 +50,16 @@ async def register_problem(body: ProblemCreate, service: ServiceDep, _client: Mu
     return detail
 
 
-@router.get("/problems/{name}/leaderboard", response_model=list[LeaderboardEntry], responses={404: {"model": ErrorBody}})
-def problem_leaderboard(name: ProblemName, service: ServiceDep, session: SessionDep, backend: Backend | None = None,
-                        limit: Annotated[int, Query(ge=1, le=100)] = 10) -> list[LeaderboardEntry]:
+@router.get(
+    "/problems/{name}/leaderboard", response_model=list[LeaderboardEntry], responses={404: {"model": ErrorBody}}
+)
+def problem_leaderboard(
+    name: ProblemName,
+    service: ServiceDep,
+    session: SessionDep,
+    backend: Backend | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 10,
+) -> list[LeaderboardEntry]:
     """The problem's correct attempts, fastest first (speedup over eager PyTorch)."""
     row = service.problem_row(session, name, "path.name")
     return history.leaderboard(session, problem_id=row.id, backend=backend, limit=limit)

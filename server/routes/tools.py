@@ -1,5 +1,6 @@
 """POST /v1/compile, /v1/test, /v1/benchmark and /v1/evaluate (one per tool of the phase registry): record an
-attempt, queue its job, and by default wait for the verdict (200); with wait=false, or past the wait bound, answer 202 with the job."""
+attempt, queue its job, and by default wait for the verdict (200); with wait=false, or past the wait bound,
+answer 202 with the job."""
 
 from __future__ import annotations
 
@@ -17,16 +18,28 @@ from kernelloop.tools.phase_registry import TOOLS, JobPhase, ToolSpec
 router = APIRouter(prefix="/v1", tags=["tools"])
 
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 429)}
-RESPONSES: dict[int | str, dict[str, Any]] = {200: {"description": "the job finished (or failed): `results` has one verdict per step"},
-             202: {"model": JobPublic, "description": "the job is queued or running: poll `links.self` or stream `links.events`"},
-             **ERRORS}
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the job finished (or failed): `results` has one verdict per step"},
+    202: {
+        "model": JobPublic,
+        "description": "the job is queued or running: poll `links.self` or stream `links.events`",
+    },
+    **ERRORS,
+}
 
 Wait = Annotated[bool, Query(description="wait for the verdict (up to timeout_s); false: answer 202 at once")]
 Timeout = Annotated[float | None, Query(gt=0, le=3600, description="longest wait, seconds (capped by the service)")]
 
 
-async def _submit(service: ServiceDep, phase: JobPhase, body: SubmissionRequest, client: str, wait: bool,
-                  timeout_s: float | None, response: Response) -> JobPublic:
+async def _submit(
+    service: ServiceDep,
+    phase: JobPhase,
+    body: SubmissionRequest,
+    client: str,
+    wait: bool,
+    timeout_s: float | None,
+    response: Response,
+) -> JobPublic:
     job = await run_in_threadpool(service.submit, phase, body, client)
     if wait:
         limit = min(timeout_s or service.settings.max_wait_s, service.settings.max_wait_s)
@@ -38,8 +51,14 @@ async def _submit(service: ServiceDep, phase: JobPhase, body: SubmissionRequest,
 
 
 def _tool_route(tool: ToolSpec) -> Callable[..., Awaitable[JobPublic]]:
-    async def route(body: SubmissionRequest, service: ServiceDep, client: MutationGuard, response: Response,
-                    wait: Wait = True, timeout_s: Timeout = None) -> JobPublic:
+    async def route(
+        body: SubmissionRequest,
+        service: ServiceDep,
+        client: MutationGuard,
+        response: Response,
+        wait: Wait = True,
+        timeout_s: Timeout = None,
+    ) -> JobPublic:
         return await _submit(service, tool.phase, body, client, wait, timeout_s, response)
 
     route.__name__ = tool.name
@@ -48,5 +67,11 @@ def _tool_route(tool: ToolSpec) -> Callable[..., Awaitable[JobPublic]]:
 
 
 for _tool in TOOLS.values():
-    router.add_api_route(_tool.endpoint.removeprefix(router.prefix), _tool_route(_tool), methods=["POST"],
-                         response_model=JobPublic, responses=RESPONSES, summary=_tool.name)
+    router.add_api_route(
+        _tool.endpoint.removeprefix(router.prefix),
+        _tool_route(_tool),
+        methods=["POST"],
+        response_model=JobPublic,
+        responses=RESPONSES,
+        summary=_tool.name,
+    )

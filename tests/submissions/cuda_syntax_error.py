@@ -39,8 +39,13 @@ void scale(std::uintptr_t x, std::uintptr_t y, int n, std::uintptr_t stream) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("scale", &scale); }
 """
 
-ext = load_inline(name="kernelloop_test_cuda_syntax_error", cpp_sources=cpp_source, cuda_sources=cuda_source,
-                  no_implicit_headers=True, verbose=False)
+ext = load_inline(
+    name="kernelloop_test_cuda_syntax_error",
+    cpp_sources=cpp_source,
+    cuda_sources=cuda_source,
+    no_implicit_headers=True,
+    verbose=False,
+)
 
 
 class ModelNew(nn.Module):
