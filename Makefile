@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 .PHONY: run test check
 
 $(BIN)/.kernelloop-installed: pyproject.toml
+	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } \
+	  || { echo "make: kernelloop runs submitted code only inside bubblewrap: install it (apt-get install bubblewrap)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.14.1
 	$(BIN)/pip install -q -e '.[test]'

@@ -17,7 +17,7 @@ from sqlmodel import Field, SQLModel
 
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import JobPhase, Phase
-from kernelloop.tools.problems import ShapeSpec
+from kernelloop.tools.problems import PROBLEM_NAME_PATTERN, ShapeSpec
 from kernelloop.tools.results import Backend, PhaseResultAny, Status, TolerancePolicy
 
 MAX_ID = 2**63 - 1  # the largest id a database integer holds
@@ -62,7 +62,7 @@ class RunStatus(str, enum.Enum):
 class ProblemCreate(BaseModel):
     """A KernelBench-format file to register: Model, get_inputs, get_init_inputs, optional metadata."""
 
-    name: str = PydanticField(pattern=r"^[a-z][a-z0-9_]{0,63}$", description="lower-case identifier, e.g. my_softmax")
+    name: str = PydanticField(pattern=PROBLEM_NAME_PATTERN, description="lower-case identifier, e.g. my_softmax")
     source: str = PydanticField(min_length=1, description="the Python source of the problem file")
 
 

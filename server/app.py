@@ -20,7 +20,7 @@ from kernelloop.server.routes import history, jobs, meta, problems, tools
 from kernelloop.server.service import Service
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage.database import open_database, sqlite_path
-from kernelloop.tools.sandbox import available_isolation
+from kernelloop.tools.sandbox import UNSAFE, SandboxUnavailable, available_isolation
 
 log = logging.getLogger("kernelloop.server")
 
@@ -49,19 +49,18 @@ def check_settings(settings: ServiceSettings) -> None:
 
 def create_app(settings: ServiceSettings, executor: Executor | None = None) -> FastAPI:
     check_settings(settings)
+    try:
+        isolation = available_isolation(settings.sandbox)
+    except SandboxUnavailable as exc:
+        raise ConfigError(str(exc)) from exc
     engine = open_database(settings.resolved_database_url)
     executor = executor or LocalExecutor(settings.sandbox, gpu_lane_ids(settings), settings.cpu_workers)
     service = Service(settings, engine, executor)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        isolation = available_isolation(settings.sandbox.isolation)
         if isolation != "bubblewrap":
-            log.warning(
-                "sandbox isolation is %r: submitted code can read this host's files, the database included; "
-                "install bubblewrap for a read-only view with the data folder hidden",
-                isolation,
-            )
+            log.warning("sandbox isolation is %r, as KERNELLOOP_ISOLATION asks: %s", isolation, UNSAFE)
         service.start()
         try:
             yield

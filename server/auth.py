@@ -1,4 +1,5 @@
-"""The guard on every state-changing call: the per-client rate limit, then the bearer token (when set)."""
+"""The guards: every state-changing call passes the per-client rate limit, then the bearer token (when set);
+every read of what was submitted (attempts hold code and logs, jobs their results) needs the token too."""
 
 from __future__ import annotations
 
@@ -7,17 +8,18 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
 
 from kernelloop.server.errors import ApiError
 
 bearer = HTTPBearer(
-    auto_error=False, description="KERNELLOOP_API_TOKEN; needed on POST and PATCH when the service has one"
+    auto_error=False,
+    description="KERNELLOOP_API_TOKEN; when the service has one, every call but /v1/health and /v1/tools needs it",
 )
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
-def guard_mutation(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-) -> str:
+def guard_mutation(request: Request, credentials: Credentials) -> str:
     """Returns the client's name for the history (its address)."""
     service = request.app.state.service
     client = request.client.host if request.client else "unknown"
@@ -31,14 +33,22 @@ def guard_mutation(
             "KERNELLOOP_RATE_LIMIT_PER_MINUTE",
             headers={"Retry-After": str(retry_after)},
         )
-    token = service.settings.api_token
+    _check_token(service.settings.api_token, credentials, "this call changes state")
+    return client
+
+
+def guard_read(request: Request, credentials: Credentials) -> None:
+    _check_token(request.app.state.service.settings.api_token, credentials, "this call reads the history")
+
+
+def _check_token(token: SecretStr | None, credentials: HTTPAuthorizationCredentials | None, what: str) -> None:
     if token is None:
-        return client
+        return
     if credentials is None:
         raise ApiError(
             401,
             "unauthorized",
-            "this call changes state and the service requires its API token",
+            f"{what} and the service requires its API token",
             field="header.Authorization",
             fix="send the header Authorization: Bearer <KERNELLOOP_API_TOKEN>",
             headers={"WWW-Authenticate": "Bearer"},
@@ -52,7 +62,7 @@ def guard_mutation(
             fix="send the token the service was started with",
             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
-    return client
 
 
 MutationGuard = Annotated[str, Depends(guard_mutation)]
+ReadGuard = Depends(guard_read)

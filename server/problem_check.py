@@ -8,12 +8,11 @@ and send the resulting ProblemSpec back. Nothing in the file runs in the service
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.tools.jobs import ProblemCheckJob, ProblemCheckReply
 from kernelloop.tools.problems import ProblemSpec
-from kernelloop.tools.worker_call import call_worker
+from kernelloop.tools.worker_call import JobFolder, call_worker
 
 PROBLEM_WORKER_MODULE = "kernelloop.tools.problem_worker"
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
@@ -58,11 +57,11 @@ def check_problem(name: str, source: str, settings: ServiceSettings) -> ProblemS
     """Load and exercise the problem in the sandbox, GPUs hidden; return its spec (path: the checked copy's)."""
     precheck(source)
 
-    def make_job(job_dir: Path, nonce: str) -> ProblemCheckJob:
-        path = job_dir / name / "problem.py"
+    def make_job(folder: JobFolder) -> ProblemCheckJob:
+        path = folder.path / name / "problem.py"
         path.parent.mkdir()
         path.write_text(source)
-        return ProblemCheckJob(path=str(path), name=name, nonce=nonce)
+        return ProblemCheckJob(path=str(path), name=name, nonce=folder.nonce)
 
     timeout_s = settings.problem_check_timeout_s
     call = call_worker(
@@ -85,4 +84,6 @@ def check_problem(name: str, source: str, settings: ServiceSettings) -> ProblemS
     reply = call.replies[-1]
     if reply.error is not None or reply.spec is None:
         raise ProblemRejected(reply.error or "the problem check sent no spec")
-    return reply.spec
+    # the check ran the uploaded file, so its reply is the uploader's to forge: only derived data is taken
+    # from it (shapes, dtype, tolerance, forbidden operators, all validated), never the name, source or path
+    return reply.spec.model_copy(update={"name": name, "source": source, "path": ""})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from sqlalchemy import Engine
 from sqlmodel import Session
@@ -24,8 +25,17 @@ log = logging.getLogger("kernelloop.scheduler")
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, executor: Executor, hub: EventHub, *, poll_s: float = 1.0):
+    def __init__(
+        self,
+        engine: Engine,
+        executor: Executor,
+        hub: EventHub,
+        *,
+        poll_s: float = 1.0,
+        redact: Callable[[PhaseResult], PhaseResult] = lambda result: result,
+    ):
         self.engine, self.executor, self.hub, self.poll_s = engine, executor, hub, poll_s
+        self.redact = redact
         self.lanes = executor.lanes()
         self._wakeup = threading.Condition()
         self._stopping = threading.Event()
@@ -83,7 +93,7 @@ class Scheduler:
                 options=context.options,
             )
             started = utcnow()
-            result = self.executor.run(step, lane, lambda partial: self._progress(job_id, partial))
+            result = self.redact(self.executor.run(step, lane, lambda partial: self._progress(job_id, partial)))
             job = queue.finish_step(self.engine, job_id, result, started_at=started, finished_at=utcnow())
             if job.status == JobStatus.queued.value:
                 self.wake()
@@ -99,7 +109,7 @@ class Scheduler:
 
     def _progress(self, job_id: int, partial: PhaseResult) -> None:
         try:  # called on the sandbox's reader thread: an exception here must not stop it reading
-            queue.record_progress(self.engine, job_id, partial)
+            queue.record_progress(self.engine, job_id, self.redact(partial))
             self.hub.notify(job_id)
         except Exception:
             log.exception("job %d: could not record progress", job_id)

@@ -21,6 +21,7 @@ from kernelloop.server.events import EventHub
 from kernelloop.server.executor import Executor
 from kernelloop.server.limits import RateLimiter
 from kernelloop.server.problem_check import ProblemRejected, check_problem
+from kernelloop.server.redaction import Redactor, service_secrets
 from kernelloop.server.scheduler import Scheduler
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history, problems, queue
@@ -39,7 +40,9 @@ class Service:
     def __init__(self, settings: ServiceSettings, engine: Engine, executor: Executor):
         self.settings, self.engine, self.executor = settings, engine, executor
         self.hub = EventHub()
-        self.scheduler = Scheduler(engine, executor, self.hub)
+        token = settings.api_token.get_secret_value() if settings.api_token else None
+        secrets = service_secrets(token, settings.resolved_database_url)
+        self.scheduler = Scheduler(engine, executor, self.hub, redact=Redactor(secrets))
         self.limiter = RateLimiter(settings.rate_limit_per_minute)
         self.started = time.monotonic()
         self._registering = threading.Lock()

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from pathlib import Path
 
 from sqlmodel import Session, col, select
 
 from kernelloop.contract import ProblemDetail, ProblemSummary
 from kernelloop.storage.models import Problem, utcnow
-from kernelloop.tools.problems import ProblemSpec, load_problem, shipped_problem_names
+from kernelloop.tools.problems import PROBLEM_NAME_PATTERN, ProblemSpec, load_problem, shipped_problem_names
 
 log = logging.getLogger("kernelloop.storage")
 
@@ -53,13 +54,24 @@ def sync_shipped(session: Session) -> list[str]:
 
 
 def registered_path(problems_dir: Path, name: str) -> Path:
-    return problems_dir.resolve() / name / "problem.py"
+    """Where a registered problem's file lives: always inside `problems_dir`, whatever the name says."""
+    if not re.fullmatch(PROBLEM_NAME_PATTERN, name):
+        raise ValueError(f"{name!r} is not a problem name ({PROBLEM_NAME_PATTERN})")
+    root = problems_dir.resolve()
+    path = (root / name / "problem.py").resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"the problem {name!r} would be written outside {root}")
+    return path
 
 
 def restore_registered(session: Session, problems_dir: Path) -> None:
     """Write each registered problem's file where workers will import it, from the database's copy."""
     for row in session.exec(select(Problem).where(Problem.origin == "registered")).all():
-        path = registered_path(problems_dir, row.name)
+        try:
+            path = registered_path(problems_dir, row.name)
+        except ValueError as exc:  # written by an older version that trusted the name a check sent back
+            log.warning("registered problem %s is not restored: %s", row.id, exc)
+            continue
         if not path.is_file() or path.read_text() != row.source:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(row.source)

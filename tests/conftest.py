@@ -213,7 +213,10 @@ class Workspace:
 @pytest.fixture(scope="session")
 def workspace(session_root: Path) -> Workspace:
     """A fresh data dir for the session: the build cache starts empty."""
-    return Workspace(root=session_root, settings=SandboxSettings(data_dir=session_root / "data"))
+    # the candidates built on the test helpers (C++, and CUDA on a GPU) import them from these folders: shown read-only
+    shown = [session_root / "helper", session_root / "gpu-kernels"]
+    settings = SandboxSettings(data_dir=session_root / "data", sandbox_read_only_paths=shown)
+    return Workspace(root=session_root, settings=settings)
 
 
 @pytest.fixture(scope="session")

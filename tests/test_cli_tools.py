@@ -12,7 +12,11 @@ from conftest import PROBLEM, run_kernelloop
 
 def _kernelloop(kl, *args: str) -> subprocess.CompletedProcess[str]:
     """`kernelloop ARGS` in the session's folder, with the session's data dir."""
-    env = {**os.environ, "KERNELLOOP_DATA_DIR": str(kl.settings.data_dir)}
+    env = {
+        **os.environ,
+        "KERNELLOOP_DATA_DIR": str(kl.settings.data_dir),
+        "KERNELLOOP_SANDBOX_READ_ONLY_PATHS": json.dumps([str(kl.helper_dir)]),
+    }
     return run_kernelloop(*args, env=env, cwd=kl.root, timeout=300)
 
 

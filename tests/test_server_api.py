@@ -505,9 +505,11 @@ def test_history_cli(service: ServiceProcess, evaluated: dict) -> None:
 # ------------------------------------------------------------------------------------ bad input
 
 
-def test_auth_is_required_for_changes_only(service: ServiceProcess) -> None:
+def test_auth_is_required_for_changes_and_for_reading_the_history(service: ServiceProcess) -> None:
     with service.client(auth=False) as anonymous:
-        assert anonymous.get("/v1/problems").status_code == 200
+        assert anonymous.get("/v1/health").status_code == 200 and anonymous.get("/v1/tools").status_code == 200
+        for path in ("/v1/problems", "/v1/attempts", "/v1/attempts/1", "/v1/runs", "/v1/jobs", "/v1/leaderboard"):
+            assert "Bearer" in _error(anonymous.get(path), 401, "header.Authorization")["fix"], path
         body = _error(anonymous.post("/v1/compile", json=submission()), 401, "header.Authorization")
         assert "Bearer" in body["fix"]
         _error(anonymous.post("/v1/runs", json={"problem": "causal_conv1d"}), 401)
@@ -515,6 +517,37 @@ def test_auth_is_required_for_changes_only(service: ServiceProcess) -> None:
             anonymous.post("/v1/runs", json={"problem": "causal_conv1d"}, headers={"Authorization": "Bearer nope"}), 401
         )
         _error(anonymous.patch("/v1/runs/1", json={"notes": "x"}), 401)
+
+
+FORGED_PROBLEM = (
+    RELU_PROBLEM
+    + """
+
+# At import in the problem check, this file finds the job (and its nonce) in the worker's memory and sends a
+# reply of its own: another name, a path outside the problems folder, another source.
+import gc, json, sys
+
+_job = next(o for o in gc.get_objects() if type(o).__name__ == "ProblemCheckJob")
+_forged = {"nonce": _job.nonce, "spec": {"name": "../../causal_conv1d", "path": "/tmp/kl-forged/problem.py",
+           "source": "print('planted')", "tolerance": {"name": "fp32", "max_rel_error": 1.0, "allow_tf32": False},
+           "shapes": [], "has_metadata": False}}
+with open(int(sys.argv[1]), "w") as _channel:
+    _channel.write(json.dumps(_forged) + "\\n")
+"""
+)
+
+
+def test_a_forged_problem_check_reply_keeps_the_name_and_source_that_were_sent(
+    api: httpx.Client, service: ServiceProcess
+) -> None:
+    shipped = (REPO / "reference_problems" / "causal_conv1d" / "problem.py").read_text()
+    created = api.post("/v1/problems", json={"name": "forged_relu", "source": FORGED_PROBLEM})
+
+    assert created.status_code == 201, created.text
+    assert created.json()["name"] == "forged_relu" and created.json()["source"] == FORGED_PROBLEM
+    assert (service.problems_dir / "forged_relu" / "problem.py").read_text() == FORGED_PROBLEM
+    assert not Path("/tmp/kl-forged").exists()
+    assert (REPO / "reference_problems" / "causal_conv1d" / "problem.py").read_text() == shipped
 
 
 @pytest.mark.parametrize(

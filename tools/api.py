@@ -26,7 +26,7 @@ from kernelloop.tools.results import (
     compile_part,
 )
 from kernelloop.tools.settings import SandboxSettings, get_sandbox_settings
-from kernelloop.tools.worker_call import call_worker
+from kernelloop.tools.worker_call import JobFolder, call_worker
 
 Progress = Callable[[PhaseResult], None]
 """Called with the result-so-far each time the worker reports a step (the service streams these)."""
@@ -89,37 +89,46 @@ def run_phase(
     spec = load_problem(problem) if isinstance(problem, str) else problem
     backend = backend or default_backend()
     fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list)
-    entry = build_cache.cache_entry(settings.cache_dir, code, backend, fingerprint)
+    key = build_cache.cache_key(code, backend, fingerprint)
+    read_only = [Path(spec.path).parent]  # a registered problem's folder (a shipped one is in the package)
+    restored: list[bool] = []
 
-    def make_job(job_dir: Path, nonce: str) -> WorkerJob:
+    def make_job(folder: JobFolder) -> WorkerJob:
+        restored.append(cached and build_cache.restore(settings.cache_dir, key, folder.build))
         return WorkerJob(
             phase=phase,
             problem=spec,
             code=code,
             backend=backend,
             options=options,
-            nonce=nonce,
+            nonce=folder.nonce,
             result_fd=-1,
-            submission_path=str(job_dir / "submission.py"),
-            build_dir=str(entry.path),
-            cache_key=entry.key,
-            cache_hit=entry.hit,
+            submission_path=str(folder.path / "submission.py"),
+            build_dir=str(folder.build_seen_by_worker),
+            cache_key=key,
+            cache_hit=restored[0],
         )
 
     def on_reply(reply: WorkerReply) -> None:
         if on_progress is not None and not reply.final:
             on_progress(reply.result)
 
-    call = call_worker(
-        WORKER_MODULE,
-        make_job,
-        WorkerReply,
-        settings=settings,
-        writable=[entry.path],
-        timeout_s=options.timeout_s or getattr(settings, PHASES[phase].timeout_setting),
-        on_reply=on_reply,
-        folder_prefix=phase,
-    )
+    def on_finish(folder: JobFolder, disk_bytes: int) -> None:
+        if not restored[0] and disk_bytes <= settings.max_job_disk_bytes:
+            build_cache.publish(settings.cache_dir, key, folder.build)
+
+    with build_cache.claim(settings.cache_dir, key) as cached:
+        call = call_worker(
+            WORKER_MODULE,
+            make_job,
+            WorkerReply,
+            settings=settings,
+            read_only=read_only,
+            timeout_s=options.timeout_s or getattr(settings, PHASES[phase].timeout_setting),
+            on_reply=on_reply,
+            on_finish=on_finish,
+            folder_prefix=phase,
+        )
     report = call.report
     final = [r.result for r in call.replies if r.final]
     partial = [r.result for r in call.replies if not r.final]
@@ -127,6 +136,15 @@ def run_phase(
     if call.malformed and not final:
         result.status = Status.sandbox_error
         result.message = f"the worker's reply could not be read: {call.malformed[-1]}"
+    if report.killed_for is not None:  # whatever it answered: a job the sandbox had to stop has failed
+        result.status = Status.runtime_error
+        result.message = f"the sandbox ended the job: {report.killed_for}"
+    if call.disk_bytes > settings.max_job_disk_bytes:
+        result.status = Status.sandbox_error
+        result.message = (
+            f"the job left {call.disk_bytes / 2**30:.1f} GiB in its folder, over the limit of "
+            f"{settings.max_job_disk_bytes / 2**30:.1f} GiB (KERNELLOOP_MAX_JOB_DISK_BYTES)"
+        )
     result.sandbox = report
     compiled = compile_part(result)
     if compiled is not None:

@@ -1,9 +1,10 @@
-"""Content-addressed build folders: one per (source, backend, toolchain, GPU architecture).
+"""Content-addressed builds, one per (source, backend, toolchain, GPU architecture), kept by the service.
 
-load_inline builds into TORCH_EXTENSIONS_DIR; pointing that at the entry for this exact source means a
-second job with the same code finds the finished build and only loads it. The worker holds an
-exclusive lock on the entry while it imports the submission, so two concurrent builds of one source
-run one after the other instead of corrupting each other, and the second finds the first's output.
+A candidate never writes the cache. Its build happens in its own job folder; when the job ends with a
+finished build, the service copies the build into the cache, read-only, with a manifest of every file's
+sha256. A later job with the same key gets a checked copy of it in its own folder, which load_inline
+finds up to date (under bubblewrap the folder is mounted at one fixed path, so the build's absolute paths
+match). Builds of one key take turns on a lock held by the service, so the second finds the first's.
 """
 
 from __future__ import annotations
@@ -11,44 +12,106 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
+import shutil
+import stat
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pydantic import BaseModel
-
 BUILT_MARKER = ".built"
+MANIFEST = ".manifest.json"
+READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 
 
-class CacheEntry(BaseModel):
-    key: str
-    path: Path
-    hit: bool
-
-
-def cache_entry(cache_dir: Path, code: str, backend: str, toolchain: dict[str, str]) -> CacheEntry:
-    key = hashlib.sha256(
+def cache_key(code: str, backend: str, toolchain: dict[str, str]) -> str:
+    return hashlib.sha256(
         json.dumps({"code": code, "backend": backend, "toolchain": toolchain}, sort_keys=True).encode()
     ).hexdigest()
-    path = cache_dir / key[:2] / key
-    hit = (path / BUILT_MARKER).exists()
-    path.mkdir(parents=True, exist_ok=True)
-    return CacheEntry(key=key, path=path, hit=hit)
+
+
+def entry_path(cache_dir: Path, key: str) -> Path:
+    return cache_dir / key[:2] / key
+
+
+def is_published(cache_dir: Path, key: str) -> bool:
+    return (entry_path(cache_dir, key) / MANIFEST).is_file()
 
 
 @contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Exclusive lock on a cache entry, released by the kernel if the holder dies.
-
-    torch's own build lock (a plain `lock` file) outlives a killed builder and would make every later
-    build wait forever; holding ours, no one else is building here, so a leftover one is stale.
-    """
-    with open(path / ".lock", "w") as handle:
+def claim(cache_dir: Path, key: str) -> Iterator[bool]:
+    """Yields whether the build is cached. When it is not, the caller builds it holding the key's lock
+    (released by the kernel if the service dies), so a concurrent job with the same key waits, then hits."""
+    if is_published(cache_dir, key):
+        yield True
+        return
+    lock_dir = cache_dir / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{key}.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        for stale in path.glob("*/lock"):
-            stale.unlink(missing_ok=True)
-        yield
+        yield is_published(cache_dir, key)
 
 
-def mark_built(path: Path) -> None:
-    (path / BUILT_MARKER).touch()
+def restore(cache_dir: Path, key: str, build_dir: Path) -> bool:
+    """Copy the published build into `build_dir`, checking every file against the manifest. False (and the
+    entry dropped) when a file is missing or differs: the job then builds afresh."""
+    entry = entry_path(cache_dir, key)
+    try:
+        manifest: dict[str, str] = json.loads((entry / MANIFEST).read_text())
+        for relative, digest in manifest.items():
+            source, target = entry / relative, build_dir / relative
+            if _sha256(source) != digest:
+                raise ValueError(f"{relative} does not match its manifest")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+            target.chmod(target.stat().st_mode | stat.S_IWUSR)
+    except (OSError, ValueError):
+        shutil.rmtree(build_dir, ignore_errors=True)
+        build_dir.mkdir(parents=True)
+        _drop(entry)
+        return False
+    return True
+
+
+def publish(cache_dir: Path, key: str, build_dir: Path) -> bool:
+    """Keep a finished build (the worker marked it built) in the cache, read-only. False if it was not finished."""
+    if not (build_dir / BUILT_MARKER).is_file() or is_published(cache_dir, key):
+        return False
+    entry = entry_path(cache_dir, key)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=entry.parent))
+    manifest = {}
+    for source in sorted(build_dir.rglob("*")):
+        relative = source.relative_to(build_dir)
+        if source.is_symlink() or not source.is_file() or relative.name == "lock":  # torch's own, stale lock
+            continue
+        target = staging / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+        target.chmod(READ_ONLY)
+        manifest[str(relative)] = _sha256(target)
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _drop(entry)
+    os.rename(staging, entry)
+    return True
+
+
+def mark_built(build_dir: Path) -> None:
+    (build_dir / BUILT_MARKER).touch()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _drop(entry: Path) -> None:
+    if entry.exists():
+        for path in [entry, *entry.rglob("*")]:
+            if path.is_dir():
+                path.chmod(stat.S_IRWXU)
+        shutil.rmtree(entry, ignore_errors=True)

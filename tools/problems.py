@@ -57,6 +57,10 @@ class ShapeSpec(BaseModel):
     bytes: int | None = None
 
 
+PROBLEM_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+"""A registered problem's name: also the folder its file is kept in, so nothing but these characters."""
+
+
 class ProblemSpec(BaseModel):
     name: str
     path: str = Field(description="the problem file the worker imports")

@@ -67,6 +67,8 @@ class SandboxReport(BaseModel):
     stdout: str = ""
     stderr: str = ""
     output_truncated: bool = False
+    cgroup: bool = Field(False, description="processes (and memory, without a GPU) capped by a cgroup, else by rlimits")
+    killed_for: str | None = Field(None, description="why the sandbox ended the job early, e.g. too many processes")
 
 
 class PhaseResult(BaseModel):

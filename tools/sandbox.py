@@ -1,29 +1,33 @@
 """Runs one worker in a fresh, isolated process and brings its messages back.
 
 Each job gets a new interpreter (exec, never a fork of the long-lived caller), its own folder, an
-allowlisted environment, rlimits, and a wall-clock limit that kills the whole process group. Where the
-host allows it, bubblewrap gives it no network and a read-only view of the system with the service's
-data hidden; else `unshare -n` takes the network away; else it is a plain process. The report says
-which of the three was in force.
+allowlisted environment, rlimits, and a wall-clock limit. Under bubblewrap (`kernelloop.tools.sandbox_view`:
+new namespaces, no capabilities, a seccomp filter, a minimal read-only view) killing its outermost process
+ends every process it started, as the pid namespace goes with it. Isolation is what the start-up probe
+proved from inside a sandbox; `auto` never falls back to less: `unshare` (no network, nothing else) and
+`none` run untrusted code with the service's own rights and must be asked for.
 
 Messages come back on a private pipe (not stdout), so whatever the candidate prints is only a log.
 """
 
 from __future__ import annotations
 
-import glob
+import json
 import os
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 
+from kernelloop.tools import sandbox_view, seccomp, toolchain
+from kernelloop.tools.cgroups import JobCgroup
+from kernelloop.tools.process_watch import ProcessWatch
 from kernelloop.tools.results import Isolation, SandboxReport
 from kernelloop.tools.settings import SandboxSettings
 
@@ -39,69 +43,128 @@ ENV_ALLOWLIST = (
     "NVIDIA_VISIBLE_DEVICES",
     "NVIDIA_DRIVER_CAPABILITIES",
     "LD_LIBRARY_PATH",
+    "PYTHONPATH",
     "CC",
     "CXX",
     "MAX_JOBS",
-    "TRITON_CACHE_DIR",
 )
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+UNSAFE = "submitted code then runs with the service's own rights: it can read and write what the service can"
+
+# Run inside a sandbox at start-up: what the worker would see, reported as JSON on stdout.
+PROBE = """
+import json, os, sys
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+try:
+    open("/kernelloop-probe", "w").close()
+    root_writable = True
+except OSError:
+    root_writable = False
+print(json.dumps({"cap_eff": int(status["CapEff"].strip(), 16), "uid": os.getuid(), "root_writable": root_writable,
+                  "seen": [p for p in sys.argv[1:] if os.path.exists(p)]}))
+"""
 
 
-@lru_cache(maxsize=4)
-def available_isolation(preference: str = "auto") -> Isolation:
-    """The strongest isolation that actually starts a process here (probed once)."""
-    probes: list[tuple[Isolation, list[str]]] = [
-        (
-            "bubblewrap",
-            _bubblewrap_argv(writable=[], hidden=[]) + ["true"],
-        ),
-        ("unshare", ["unshare", "-n", "true"]),
+class SandboxUnavailable(RuntimeError):
+    """The isolation asked for cannot be had here; the message says what to install or set."""
+
+
+_proven: dict[tuple[str, Path], Isolation] = {}
+
+
+def available_isolation(settings: SandboxSettings) -> Isolation:
+    """The isolation jobs get: bubblewrap once a probe has shown, from inside, that it holds (no capabilities,
+    a read-only root, the data folder and the host's secrets out of sight); `unshare` or `none` only when
+    asked for by name. Probed once per setting."""
+    key = (settings.isolation, settings.data_dir.resolve())
+    if key not in _proven:
+        _proven[key] = _prove(settings)
+    return _proven[key]
+
+
+def _prove(settings: SandboxSettings) -> Isolation:
+    if settings.isolation in ("unshare", "none"):
+        if settings.isolation == "unshare" and not _runs(["unshare", "-n", "true"]):
+            raise SandboxUnavailable("KERNELLOOP_ISOLATION=unshare, but `unshare -n` does not run here")
+        return settings.isolation
+    fix = (
+        "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) and allow user namespaces "
+        "(sysctl kernel.unprivileged_userns_clone=1; in a container: --security-opt seccomp=unconfined "
+        "or a profile that allows clone(CLONE_NEWUSER)); KERNELLOOP_ISOLATION=none runs jobs without a "
+        f"sandbox, where {UNSAFE}"
+    )
+    if shutil.which("bwrap") is None:
+        raise SandboxUnavailable(f"bubblewrap (bwrap) is not installed: {fix}")
+    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+    settings.cache_dir.mkdir(parents=True, exist_ok=True)
+    canaries = [settings.data_dir.resolve() / ".sandbox-canary", settings.cache_dir / ".sandbox-canary"]
+    for canary in canaries:
+        canary.write_text("submitted code must not see this file\n")
+    secrets = [*canaries, Path(".env").resolve(), Path("/etc/shadow"), Path.home() / ".ssh"]
+    with tempfile.TemporaryDirectory(prefix="probe-", dir=settings.jobs_dir) as job_dir:
+        argv = worker_argv(settings, Path(job_dir), None, [], gpu=False, seccomp_fd=None)
+        done = subprocess.run(
+            argv + [sys.executable, "-I", "-c", PROBE, *map(str, secrets)], capture_output=True, timeout=60
+        )
+    try:
+        seen = json.loads(done.stdout)
+    except ValueError:
+        stderr = done.stderr.decode(errors="replace").strip()[-500:]
+        raise SandboxUnavailable(f"bubblewrap does not start a sandbox here ({stderr}): {fix}") from None
+    problems = [
+        *(["the worker keeps capabilities"] if seen["cap_eff"] else []),
+        *(["the worker runs as root"] if seen["uid"] == 0 else []),
+        *(["/ is writable"] if seen["root_writable"] else []),
+        *[f"{path} is visible" for path in seen["seen"]],
     ]
-    for kind, argv in probes:
-        if preference not in ("auto", kind):
-            continue
-        if shutil.which(argv[0]) and subprocess.run(argv, capture_output=True, timeout=30).returncode == 0:
-            return kind
-    if preference not in ("auto", "none"):
-        raise RuntimeError(f"isolation {preference!r} was asked for but does not work on this host")
-    return "none"
+    if problems:
+        raise SandboxUnavailable(f"the bubblewrap sandbox does not hold here ({'; '.join(problems)}): {fix}")
+    return "bubblewrap"
 
 
-def _bubblewrap_argv(writable: list[Path], hidden: list[Path]) -> list[str]:
-    argv = [
-        "bwrap",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--unshare-net",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--die-with-parent",
-    ]
-    for node in sorted(glob.glob("/dev/nvidia*")):
-        argv += ["--dev-bind", node, node]
-    for path in hidden:
-        if path.is_dir():
-            argv += ["--tmpfs", str(path)]
-        elif path.exists():
-            argv += ["--ro-bind", "/dev/null", str(path)]
-    for path in writable:
-        argv += ["--bind", str(path), str(path)]
-    return argv + ["--"]
+def _runs(argv: list[str]) -> bool:
+    return shutil.which(argv[0]) is not None and subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
 
 
-def _limit_resources(cpu_seconds: int) -> None:
+def build_dir_seen_by_worker(settings: SandboxSettings, job_dir: Path) -> Path:
+    """TORCH_EXTENSIONS_DIR as the worker sees it: one fixed path under bubblewrap, so the absolute paths
+    in a cached build (build.ninja, the objects' dependencies) match from job to job."""
+    if available_isolation(settings) == "bubblewrap":
+        return sandbox_view.BUILD_MOUNT
+    return job_dir / "build"
+
+
+def worker_argv(
+    settings: SandboxSettings,
+    job_dir: Path,
+    build_dir: Path | None,
+    read_only: list[Path],
+    *,
+    gpu: bool,
+    seccomp_fd: int | None,
+) -> list[str]:
+    """The bubblewrap prefix for one job (see kernelloop.tools.sandbox_view)."""
+    hidden = [settings.data_dir.resolve(), Path(".env").resolve(), *settings.sandbox_hidden_paths]
+    return sandbox_view.bubblewrap_argv(
+        job_dir=job_dir,
+        build_dir=build_dir,
+        read_only=[*read_only, *settings.sandbox_read_only_paths],
+        hidden=hidden,
+        cuda_home=toolchain.cuda_home(),
+        gpu=gpu,
+        seccomp_fd=seccomp_fd,
+    )
+
+
+def _limit_resources(cpu_seconds: int, memory_bytes: int | None, settings: SandboxSettings) -> None:
     """Runs in the child between fork and exec: rlimits only, nothing that could deadlock."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 30, 4 << 30))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
-    resource.setrlimit(resource.RLIMIT_NPROC, (16384, 16384))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (settings.max_file_bytes, settings.max_file_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (settings.max_open_files, settings.max_open_files))
+    resource.setrlimit(resource.RLIMIT_NPROC, (settings.max_processes, settings.max_processes))
+    if memory_bytes is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
 
 class _CappedReader(threading.Thread):
@@ -153,6 +216,7 @@ def worker_environment(extra: dict[str, str], job_dir: Path) -> dict[str, str]:
     env.update(
         HOME=str(job_dir),
         TMPDIR=str(job_dir / "tmp"),
+        TRITON_CACHE_DIR=str(job_dir / "triton-cache"),
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONUNBUFFERED="1",
     )
@@ -164,29 +228,47 @@ def run_worker(
     job_json: bytes,
     *,
     job_dir: Path,
-    writable: list[Path],
+    build_dir: Path | None,
     env: dict[str, str],
     timeout_s: float,
     settings: SandboxSettings,
     on_message: Callable[[bytes], None],
     module: str = "kernelloop.tools.worker",
+    read_only: list[Path] | None = None,
 ) -> SandboxReport:
     """Start `python -m MODULE` isolated, feed it the job, wait at most `timeout_s`.
 
-    `writable` and the job folder (its HOME and TMPDIR) are the only paths it may write (under
-    bubblewrap); the service's data folder is hidden from it. Returns how the process ended; messages went
-    to `on_message`.
+    The job folder (its HOME and TMPDIR, `build_dir` inside it) is the only place it may write; `read_only`
+    are shown besides the system, the interpreter and this package (under bubblewrap). Returns how the
+    process ended; messages went to `on_message`.
     """
-    isolation = available_isolation(settings.isolation)
+    read_only = read_only or []
+    isolation = available_isolation(settings)
     (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
+    gpu = settings.worker_gpus != ""  # a CPU lane hides every GPU; a GPU lane shows its own
+    result_read, result_write = os.pipe()
+    keep = [result_write]
     prefix: list[str] = []
     if isolation == "bubblewrap":
-        hidden = [settings.data_dir.resolve(), Path(".env").resolve(), *settings.sandbox_hidden_paths]
-        prefix = _bubblewrap_argv([job_dir, *writable], hidden=hidden)
+        seccomp_read, seccomp_write = os.pipe()
+        os.write(seccomp_write, seccomp.filter_program())  # a few hundred bytes: fits the pipe's buffer
+        os.close(seccomp_write)
+        keep.append(seccomp_read)
+        prefix = worker_argv(settings, job_dir, build_dir, read_only, gpu=gpu, seccomp_fd=seccomp_read)
     elif isolation == "unshare":
         prefix = ["unshare", "-n", "--"]
-    result_read, result_write = os.pipe()
+    # CUDA reserves address space far beyond what it uses, so only a job without a GPU gets an address-space cap
+    memory = None if gpu else settings.max_memory_bytes
     argv = prefix + [sys.executable, "-m", module, str(result_write)]
+    cgroup = None
+    if settings.job_cgroups:
+        cgroup = JobCgroup.create(f"kernelloop-{job_dir.name}", settings.max_processes, memory)
+
+    def in_child() -> None:
+        _limit_resources(int(timeout_s * 4) + 60, memory, settings)
+        if cgroup is not None:
+            cgroup.join()
+
     started = time.monotonic()
     proc = subprocess.Popen(
         argv,
@@ -195,11 +277,13 @@ def run_worker(
         stderr=subprocess.PIPE,
         cwd=job_dir,
         env=env,
-        pass_fds=(result_write,),
+        pass_fds=tuple(keep),
         start_new_session=True,
         close_fds=True,
-        preexec_fn=lambda: _limit_resources(int(timeout_s * 4) + 60),
+        preexec_fn=in_child,
     )
+    for fd in keep[1:]:
+        os.close(fd)
     os.close(result_write)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three are PIPEs
     readers = [
@@ -216,13 +300,12 @@ def run_worker(
         proc.stdin.close()
     except BrokenPipeError:
         pass
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+    watch = ProcessWatch(proc.pid) if isolation == "bubblewrap" and cgroup is None else None
+    timed_out, too_many = _wait(proc, started + timeout_s, watch, settings.max_processes)
     _kill_group(proc.pid)
     proc.wait()
+    if cgroup is not None:
+        cgroup.kill_and_remove()
     for thread in (*readers, messages):
         thread.join(timeout=10)
     code = proc.returncode
@@ -237,7 +320,26 @@ def run_worker(
         stdout=readers[0].text(),
         stderr=readers[1].text(),
         output_truncated=readers[0].truncated or readers[1].truncated,
+        cgroup=cgroup is not None,
+        killed_for=f"more than {settings.max_processes} processes" if too_many else None,
     )
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], deadline: float, watch: ProcessWatch | None, max_processes: int
+) -> tuple[bool, bool]:
+    """Wait for the worker until `deadline`; (timed out, killed for too many processes). Without a pids
+    cgroup the job's processes are counted a few times a second, and the job ends when they pass the cap."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return True, False
+        try:
+            proc.wait(timeout=min(remaining, 0.2) if watch is not None else remaining)
+            return False, False
+        except subprocess.TimeoutExpired:
+            if watch is not None and watch.count() > max_processes:
+                return False, True
 
 
 def _kill_group(pgid: int) -> None:

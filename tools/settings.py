@@ -23,10 +23,15 @@ class SandboxSettings(BaseSettings):
 
     data_dir: Path = Field(Path(".kernelloop"), description="database, build cache and job folders live here")
     isolation: Literal["auto", "bubblewrap", "unshare", "none"] = Field(
-        "auto", description="sandbox for submitted code; auto takes the strongest the host allows"
+        "auto",
+        description="sandbox for submitted code. auto and bubblewrap: bubblewrap, once a probe shows it holds, "
+        "else the service refuses to run jobs; unshare (network only) and none are unsafe and must be asked for",
     )
     sandbox_hidden_paths: list[Path] = Field(
         [], description="more files or folders submitted code must not see (the data folder and .env always are)"
+    )
+    sandbox_read_only_paths: list[Path] = Field(
+        [], description="more folders shown to submitted code, read-only (the system, Python and CUDA always are)"
     )
     build_cache_dir: Path | None = Field(
         None, description="share one build cache among data folders (default: build-cache inside data_dir)"
@@ -37,6 +42,19 @@ class SandboxSettings(BaseSettings):
     compile_timeout_s: float = Field(900.0, gt=0, description="wall-clock limit of a compile worker")
     test_timeout_s: float = Field(900.0, gt=0, description="wall-clock limit of a test worker")
     benchmark_timeout_s: float = Field(900.0, gt=0, description="wall-clock limit of a benchmark worker")
+    max_memory_bytes: int = Field(
+        16 << 30, ge=1 << 30, description="address space of a worker without a GPU (CUDA reserves too much to cap)"
+    )
+    max_processes: int = Field(512, ge=16, description="processes and threads of one worker (a fork bomb stops here)")
+    job_cgroups: bool = Field(
+        True,
+        description="cap each job by a cgroup where one can be made; else its processes are counted and it is ended",
+    )
+    max_open_files: int = Field(4096, ge=64, description="open files of one worker process")
+    max_file_bytes: int = Field(1 << 30, ge=1 << 20, description="largest file a worker may write")
+    max_job_disk_bytes: int = Field(
+        4 << 30, ge=1 << 20, description="a job's folder and build output, checked after the job"
+    )
     output_cap_bytes: int = Field(64 * 1024, description="stdout/stderr kept per worker (head and tail)")
     log_cap_bytes: int = Field(256 * 1024, description="build log kept per compile result")
     worker_gpus: str | None = Field(

@@ -23,6 +23,17 @@ from kernelloop.tools.settings import SandboxSettings
 Reply = TypeVar("Reply", bound=BaseModel)
 
 
+@dataclass(frozen=True)
+class JobFolder:
+    """The job's folder on the host, and where the worker sees its build folder (a fixed path under
+    bubblewrap, so a cached build's absolute paths still match)."""
+
+    path: Path
+    nonce: str
+    build: Path
+    build_seen_by_worker: Path
+
+
 @dataclass
 class WorkerCall(Generic[Reply]):
     """What came back: the replies tagged with the job's nonce, in order, and how the process ended."""
@@ -31,27 +42,32 @@ class WorkerCall(Generic[Reply]):
     replies: list[Reply] = field(default_factory=list)
     malformed: list[str] = field(default_factory=list)
     """lines that carried the nonce yet did not parse: a harness bug, never to pass as a crash of the code"""
+    disk_bytes: int = 0
+    """what the job left in its folder, its build included"""
 
 
 def call_worker(
     module: str,
-    make_job: Callable[[Path, str], BaseModel],
+    make_job: Callable[[JobFolder], BaseModel],
     reply_type: type[Reply],
     *,
     settings: SandboxSettings,
     timeout_s: float,
-    writable: list[Path] | None = None,
+    read_only: list[Path] | None = None,
     on_reply: Callable[[Reply], None] | None = None,
+    on_finish: Callable[[JobFolder, int], None] | None = None,
     folder_prefix: str = "job",
 ) -> WorkerCall[Reply]:
-    """Run `python -m MODULE` in the sandbox on the job `make_job(job_dir, nonce)` builds, and collect its replies.
+    """Run `python -m MODULE` in the sandbox on the job `make_job(folder)` builds, and collect its replies.
 
-    The job folder (the worker's HOME and TMPDIR; `make_job` may write files there) is removed afterwards.
-    A line on the reply pipe counts only if it parses as `reply_type` and carries this job's nonce.
+    The job folder (the worker's HOME and TMPDIR, and its build folder; `make_job` may write files there)
+    is removed afterwards, after `on_finish(folder, disk_bytes)`. A line on the reply pipe counts only if
+    it parses as `reply_type` and carries this job's nonce.
     """
     settings.jobs_dir.mkdir(parents=True, exist_ok=True)
-    job_dir = Path(tempfile.mkdtemp(prefix=f"{folder_prefix}-", dir=settings.jobs_dir))
-    nonce = secrets.token_hex(16)
+    path = Path(tempfile.mkdtemp(prefix=f"{folder_prefix}-", dir=settings.jobs_dir))
+    folder = JobFolder(path, secrets.token_hex(16), path / "build", sandbox.build_dir_seen_by_worker(settings, path))
+    folder.build.mkdir()
     replies: list[Reply] = []
     malformed: list[str] = []
 
@@ -59,27 +75,42 @@ def call_worker(
         try:
             reply = reply_type.model_validate_json(line)
         except ValueError as exc:
-            if nonce.encode() in line:
+            if folder.nonce.encode() in line:
                 malformed.append(str(exc)[:500])
             return  # a line without the job's nonce is not ours: ignored
-        if getattr(reply, "nonce", None) == nonce:
+        if getattr(reply, "nonce", None) == folder.nonce:
             replies.append(reply)
             if on_reply is not None:
                 on_reply(reply)
 
     try:
-        job = make_job(job_dir, nonce).model_dump_json().encode()
-        env = sandbox.worker_environment(toolchain.build_environment(settings), job_dir)
+        job = make_job(folder).model_dump_json().encode()
+        env = sandbox.worker_environment(toolchain.build_environment(settings), path)
         report = sandbox.run_worker(
             job,
-            job_dir=job_dir,
-            writable=writable or [],
+            job_dir=path,
+            build_dir=folder.build,
+            read_only=read_only or [],
             env=env,
             timeout_s=timeout_s,
             settings=settings,
             on_message=on_message,
             module=module,
         )
+        disk_bytes = _disk_bytes(path)
+        if on_finish is not None:
+            on_finish(folder, disk_bytes)
     finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
-    return WorkerCall(report=report, replies=replies, malformed=malformed)
+        shutil.rmtree(path, ignore_errors=True)
+    return WorkerCall(report=report, replies=replies, malformed=malformed, disk_bytes=disk_bytes)
+
+
+def _disk_bytes(path: Path) -> int:
+    total = 0
+    for item in path.rglob("*"):
+        try:
+            if item.is_file() and not item.is_symlink():
+                total += item.lstat().st_size
+        except OSError:
+            continue
+    return total

@@ -11,6 +11,7 @@ import os
 import sys
 
 from kernelloop.cli import agent, history, serve, tools
+from kernelloop.tools.sandbox import SandboxUnavailable
 
 COMMAND_GROUPS = (tools, serve, history, agent)
 
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))
+    except SandboxUnavailable as exc:  # no sandbox that holds: nothing runs, and the message says what to do
+        print(f"kernelloop: {exc}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # the reader left early (`kernelloop history attempts | head`): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush stays quiet
         return 0

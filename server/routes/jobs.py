@@ -11,12 +11,13 @@ from fastapi.responses import StreamingResponse
 from sqlmodel import Session
 
 from kernelloop.contract import ErrorBody, JobEventPublic, JobPublic, JobStatus, Page
+from kernelloop.server.auth import ReadGuard
 from kernelloop.server.routes.deps import MAX_ID, JobId, ServiceDep, SessionDep
 from kernelloop.server.service import Service
 from kernelloop.storage import queue
 from kernelloop.storage.models import Job
 
-router = APIRouter(prefix="/v1", tags=["jobs"])
+router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[ReadGuard])
 
 TERMINAL_EVENTS = {"finished", "failed"}
 KEEPALIVE_S = 15.0

@@ -44,7 +44,7 @@ def _health(service: Service) -> Health:
         version=package_version(),
         schema_version=SCHEMA_VERSION,
         database=describe_url(str(service.engine.url)),
-        isolation=available_isolation(service.settings.sandbox.isolation),
+        isolation=available_isolation(service.settings.sandbox),
         auth="token" if service.settings.api_token else "none",
         default_backend=service.default_backend,
         lanes=lanes,

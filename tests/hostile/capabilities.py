@@ -1,0 +1,27 @@
+# Capability use: remount / read-write, unmount /proc, mount a new proc, a new user namespace, ptrace.
+import ctypes
+import subprocess
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def syscall_ok(result):
+    if result != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return "the call succeeded"
+
+
+def run(argv):
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PermissionError(done.stderr.strip()[:200])
+    return done.stdout
+
+
+attempt("remount_root_rw", lambda: syscall_ok(libc.mount(b"none", b"/", None, 0x20 | 0x1000, None)))  # REMOUNT|BIND
+attempt("umount_proc", lambda: syscall_ok(libc.umount2(b"/proc", 2)))  # MNT_DETACH
+attempt("mount_proc", lambda: syscall_ok(libc.mount(b"proc", b"/tmp", b"proc", 0, None)))
+attempt("new_user_namespace", lambda: run(["unshare", "--user", "--map-root-user", "true"]))
+attempt("ptrace_attach_init", lambda: syscall_ok(libc.ptrace(16, 1, None, None)))  # PTRACE_ATTACH
+attempt("write_root", lambda: open("/kernelloop-escape", "w").write("x"))
+report()

@@ -1,0 +1,81 @@
+"""A seccomp filter for sandboxed workers, as the classic BPF program bubblewrap's `--seccomp FD` loads.
+
+It refuses (EPERM) the system calls a kernel build, a Python interpreter and a CUDA program never need and
+an escape always does: mounts and namespaces, tracing other processes, kernel keyrings, BPF, module and
+kexec loading, io_uring, handles that bypass path checks. Every other call is allowed: the namespaces,
+the read-only view and the dropped capabilities do the rest. A call from another ABI (32-bit x86, x32) is
+refused outright, so a number from another table cannot slip past the list.
+"""
+
+from __future__ import annotations
+
+import errno
+import platform
+import struct
+
+# the calls refused, by name; numbers per architecture below
+REFUSED = (
+    "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount",
+    "mount_setattr", "unshare", "setns", "ptrace", "process_vm_readv", "process_vm_writev", "keyctl", "add_key",
+    "request_key", "bpf", "perf_event_open", "init_module", "finit_module", "delete_module", "kexec_load",
+    "kexec_file_load", "reboot", "swapon", "swapoff", "open_by_handle_at", "name_to_handle_at", "userfaultfd",
+    "syslog", "acct", "io_uring_setup", "io_uring_enter", "io_uring_register",
+)  # fmt: skip
+
+SYSCALLS: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "open_tree": 428, "move_mount": 429,
+        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "mount_setattr": 442, "unshare": 272, "setns": 308,
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "keyctl": 250, "add_key": 248,
+        "request_key": 249, "bpf": 321, "perf_event_open": 298, "init_module": 175, "finit_module": 313,
+        "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "reboot": 169, "swapon": 167,
+        "swapoff": 168, "open_by_handle_at": 304, "name_to_handle_at": 303, "userfaultfd": 323, "syslog": 103,
+        "acct": 163, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    },
+    "aarch64": {
+        "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "open_tree": 428, "move_mount": 429,
+        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "mount_setattr": 442, "unshare": 97, "setns": 268,
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "keyctl": 219, "add_key": 217,
+        "request_key": 218, "bpf": 280, "perf_event_open": 241, "init_module": 105, "finit_module": 273,
+        "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294, "reboot": 142, "swapon": 224,
+        "swapoff": 225, "open_by_handle_at": 265, "name_to_handle_at": 264, "userfaultfd": 282, "syslog": 116,
+        "acct": 89, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+    },
+}  # fmt: skip
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+X32_SYSCALL_BIT = 0x40000000
+
+# classic BPF opcodes and seccomp return values (linux/filter.h, linux/seccomp.h)
+LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
+RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
+OFFSET_NR, OFFSET_ARCH = 0, 4  # struct seccomp_data
+
+
+class SeccompUnsupported(RuntimeError):
+    """No filter is known for this machine's architecture."""
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def filter_program(machine: str | None = None) -> bytes:
+    """The compiled filter for `machine` (default: this one), ready to hand to `bwrap --seccomp FD`."""
+    machine = machine or platform.machine()
+    if machine not in SYSCALLS:
+        raise SeccompUnsupported(f"no seccomp filter for the {machine} architecture (known: {', '.join(SYSCALLS)})")
+    numbers = sorted({SYSCALLS[machine][name] for name in REFUSED})
+    refuse = _insn(RET_K, 0, 0, RET_ERRNO | errno.EPERM)
+    body = [_insn(LD_W_ABS, 0, 0, OFFSET_NR)]
+    if machine == "x86_64":  # x32 calls share the arch value and set this bit: refuse them all
+        body.append(_insn(JGE_K, len(numbers) + 1, 0, X32_SYSCALL_BIT))
+    for index, number in enumerate(numbers):  # jump to the final `refuse` on a match
+        body.append(_insn(JEQ_K, len(numbers) - index, 0, number))
+    body.append(_insn(RET_K, 0, 0, RET_ALLOW))
+    body.append(refuse)
+    head = [
+        _insn(LD_W_ABS, 0, 0, OFFSET_ARCH),
+        _insn(JEQ_K, 1, 0, AUDIT_ARCH[machine]),  # another ABI (e.g. int 0x80): kill
+        _insn(RET_K, 0, 0, RET_KILL_PROCESS),
+    ]
+    return b"".join(head + body)
