@@ -66,7 +66,10 @@ class Service:
     def stop(self) -> None:
         self.scheduler.stop()
         stopped = queue.requeue_running(
-            self.engine, max_interruptions=self.settings.max_job_interruptions, reason="the service shut down"
+            self.engine,
+            max_interruptions=self.settings.max_job_interruptions,
+            reason="the service shut down",
+            counts=False,
         )
         if stopped:
             log.warning("jobs %s were running at shutdown: marked interrupted and queued again", stopped)

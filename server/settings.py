@@ -38,7 +38,12 @@ class ServiceSettings(BaseSettings):
     max_body_bytes: int = Field(4 << 20, description="largest request body")
     rate_limit_per_minute: int = Field(120, ge=0, description="state-changing requests per client per minute; 0: off")
     max_wait_s: float = Field(600.0, gt=0, description="longest a waiting tool call blocks before answering 202")
-    max_job_interruptions: int = Field(3, ge=1, description="restarts a job survives before it is marked failed")
+    max_job_interruptions: int = Field(
+        1,
+        ge=0,
+        description="unclean stops of the service (a crash, kill -9) a running job survives before it is marked "
+        "failed; a clean shutdown does not count",
+    )
     problem_check_timeout_s: float = Field(120.0, gt=0, description="sandboxed check of a registered problem")
 
     @field_validator("api_token")

@@ -249,14 +249,15 @@ def _fail(session: Session, job: Job, note: str) -> None:
     add_event(session, row_id(job), "failed", note=note)
 
 
-def requeue_running(engine: Engine, *, max_interruptions: int, reason: str) -> list[int]:
+def requeue_running(engine: Engine, *, max_interruptions: int, reason: str, counts: bool = True) -> list[int]:
     """Jobs left `running` (the service stopped under them): mark each interrupted and queue it again,
-    or fail it once it has been interrupted more than `max_interruptions` times. Returns their ids."""
+    or fail it once it has been interrupted more than `max_interruptions` times. A clean shutdown does not
+    count (`counts=False`): only a stop nobody asked for might be the job's own doing. Returns their ids."""
     with Session(engine) as session:
         jobs = session.exec(select(Job).where(Job.status == JobStatus.running.value).order_by(col(Job.id))).all()
         for job in jobs:
             step, lane = job.steps[job.step_index], job.lane
-            job.interruptions += 1
+            job.interruptions += 1 if counts else 0
             stamp = utcnow().strftime("%Y-%m-%d %H:%M:%S UTC")
             line = f"{stamp}: interrupted ({reason}) during step {step} on lane {lane}"
             add_event(
