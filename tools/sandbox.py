@@ -245,7 +245,8 @@ def run_worker(
     read_only = read_only or []
     isolation = available_isolation(settings)
     (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
-    gpu = settings.worker_gpus != ""  # a CPU lane hides every GPU; a GPU lane shows its own
+    # a CPU lane hides every GPU (worker_gpus ""); a GPU lane, or the CLI on a GPU host, shows its own
+    gpu = settings.worker_gpus != "" and sandbox_view.has_gpu_devices()
     result_read, result_write = os.pipe()
     keep = [result_write]
     prefix: list[str] = []

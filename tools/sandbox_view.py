@@ -29,6 +29,10 @@ ETC_FILES = (  # what the dynamic linker, compilers and getpwuid read; /etc/shad
 )  # fmt: skip
 
 
+def has_gpu_devices() -> bool:
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
 def package_dirs() -> list[Path]:
     """This package's folder and, where its subpackages are links (a source checkout), their targets."""
     root = Path(kernelloop.__file__).parent
