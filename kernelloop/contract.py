@@ -7,10 +7,11 @@ Nothing here touches a database or a GPU.
 """
 
 import enum
+import json
 from datetime import UTC, datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, field_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, field_validator
 from pydantic import Field as PydanticField
 from sqlalchemy import JSON, Text
 from sqlmodel import Field, SQLModel
@@ -60,6 +61,8 @@ class RunStatus(str, enum.Enum):
 
 
 class ProblemCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     """A KernelBench-format file to register: Model, get_inputs, get_init_inputs, optional metadata."""
 
     name: str = PydanticField(pattern=PROBLEM_NAME_PATTERN, description="lower-case identifier, e.g. my_softmax")
@@ -95,15 +98,46 @@ class RunBase(SQLModel):
     notes: str | None = Field(default=None, sa_type=Text)
 
 
+MAX_STORED_JSON_DEPTH = 32
+MAX_STORED_JSON_BYTES = 256 << 10
+
+
+def _storable(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """JSON kept and served back (a run's config and meta): flat and small enough to serve to every reader."""
+    if value is None:
+        return None
+    depth = _depth(value)
+    if depth > MAX_STORED_JSON_DEPTH:
+        raise ValueError(f"nested {depth} levels deep, over the limit of {MAX_STORED_JSON_DEPTH}: send flatter JSON")
+    size = len(json.dumps(value, default=str))
+    if size > MAX_STORED_JSON_BYTES:
+        raise ValueError(f"{size} bytes as JSON, over the limit of {MAX_STORED_JSON_BYTES}: keep less here")
+    return value
+
+
+def _depth(node: Any, level: int = 1) -> int:
+    if level > MAX_STORED_JSON_DEPTH:  # deep enough to refuse: stop before the recursion runs away
+        return level
+    children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    return max((_depth(child, level + 1) for child in children if isinstance(child, (dict, list))), default=level)
+
+
+StoredJson = Annotated[dict[str, Any], AfterValidator(_storable)]
+
+
 class RunCreate(RunBase):
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
     problem: str = Field(min_length=1, description="problem name, see GET /v1/problems")
-    config: dict[str, Any] = Field(default_factory=dict, description="the run's settings, kept as given")
+    config: StoredJson = Field(default_factory=dict, description="the run's settings, kept as given")
 
 
 class RunUpdate(SQLModel):
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
     status: RunStatus | None = None
     notes: str | None = None
-    meta: dict[str, Any] | None = Field(default=None, description="merged into the run's meta (keys replaced)")
+    meta: StoredJson | None = Field(default=None, description="merged into the run's meta (keys replaced)")
 
 
 class RunPublic(RunBase):
@@ -313,7 +347,7 @@ class JobPublic(BaseModel):
 class KernelSubmission(BaseModel):
     """What a tool call carries: the kernel and what to check it against. GET /v1/tools is made from this."""
 
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")  # a misspelt field is refused, not ignored
 
     problem: str = PydanticField(
         min_length=1, max_length=200, description="problem name, e.g. causal_conv1d (GET /v1/problems lists them)"
@@ -349,10 +383,12 @@ class SubmissionRequest(KernelSubmission):
     """Body of POST /v1/compile, /v1/test, /v1/benchmark and /v1/evaluate."""
 
     run_id: int | None = PydanticField(
-        None, ge=1, le=MAX_ID, description="the run (agent session) this attempt belongs to"
+        None, ge=1, le=MAX_ID, strict=True, description="the run (agent session) this attempt belongs to"
     )
-    parent_attempt_id: int | None = PydanticField(None, ge=1, le=MAX_ID, description="the attempt this code revises")
-    step: int | None = PydanticField(None, ge=0, le=MAX_ID, description="the agent's step number")
+    parent_attempt_id: int | None = PydanticField(
+        None, ge=1, le=MAX_ID, strict=True, description="the attempt this code revises"
+    )
+    step: int | None = PydanticField(None, ge=0, le=MAX_ID, strict=True, description="the agent's step number")
     proposer: str = PydanticField(
         "api", min_length=1, max_length=200, description="who proposed it, e.g. llm:gpt-5, search, human"
     )

@@ -95,8 +95,44 @@ def _strings(node: Any) -> list[str]:
     return []
 
 
+MAX_BODY_DEPTH = 64
+"""Deepest nesting of arrays and objects a request body may have; the stored fields allow less."""
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply the arrays and objects of a JSON text nest, by one scan of its bytes (strings skipped),
+    so a body too deep to parse safely is refused before any recursive parser sees it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 def _text_problem(body: bytes) -> ErrorBody | None:
-    """Text no database column can hold: a NUL character, or half of a UTF-16 surrogate pair."""
+    """Text no database column can hold (a NUL character, half of a UTF-16 surrogate pair), or a body
+    nested too deeply to parse."""
+    depth = json_depth(body)
+    if depth > MAX_BODY_DEPTH:
+        return ErrorBody(
+            error="too_deep",
+            message=f"the body nests arrays and objects {depth} levels deep, over the limit of {MAX_BODY_DEPTH}",
+            field="body",
+            fix="send flatter JSON: no field of this API needs more than a few levels",
+        )
     if b"\\u0000" in body or b"\x00" in body:
         return ErrorBody(
             error="invalid_text",
@@ -115,7 +151,7 @@ def _text_problem(body: bytes) -> ErrorBody | None:
                 field="body",
                 fix="send valid Unicode text",
             )
-        except ValueError:
+        except (ValueError, RecursionError):
             return None  # not JSON: the endpoint's own parsing says so
     return None
 

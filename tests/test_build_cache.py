@@ -36,6 +36,12 @@ def test_two_concurrent_builds_of_one_source_both_pass_and_build_once(kl, concur
     first, second = concurrent_cpu_example_builds
     assert first.status == second.status == Status.passed, (first.message, second.message)
     assert first.cache_key == second.cache_key
+    # the job that waited for the other's build says so: a cache hit, its wait not counted as build time
+    assert sorted([first.cache_hit, second.cache_hit]) == [False, True]
+    waited = first if first.cache_hit else second
+    built = second if first.cache_hit else first
+    assert waited.build_seconds is not None and built.build_seconds is not None
+    assert waited.build_seconds < built.build_seconds / 3, (waited.build_seconds, built.build_seconds)
     entry = kl.settings.cache_dir / first.cache_key[:2] / first.cache_key
     assert len(list(entry.rglob("*.so"))) == 1
     # ninja logs every command it runs: the C++ file was compiled by one of the two jobs only

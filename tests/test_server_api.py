@@ -574,6 +574,16 @@ def test_a_forged_problem_check_reply_keeps_the_name_and_source_that_were_sent(
         ),
         ({"problem": "causal_conv1d", "code": "x\u0000"}, 422, "body", "NUL"),
         ([1, 2], 422, "body", "valid dictionary"),
+        # a misspelt field is refused, not ignored (it would run on the default backend with default options)
+        ({"problem": "causal_conv1d", "code": "x", "bakend": "cuda"}, 422, "body.bakend", "Extra inputs"),
+        ({"problem": "causal_conv1d", "code": "x", "options": {"seed": 2}}, 422, "body.options.seed", "Extra inputs"),
+        ({"problem": "causal_conv1d", "code": "x", "run_id": True}, 422, "body.run_id", "valid integer"),
+        (
+            {"problem": "causal_conv1d", "code": "x", "options": {"min_samples": 1000, "max_samples": 3}},
+            422,
+            "body.options",
+            "min_samples (1000) is over max_samples (3)",
+        ),
     ],
 )
 def test_bad_submissions_get_a_4xx_naming_the_field(
@@ -581,6 +591,33 @@ def test_bad_submissions_get_a_4xx_naming_the_field(
 ) -> None:
     answer = _error(api.post("/v1/test", json=body), status, field)
     assert words in answer["message"], answer
+
+
+def _nested(depth: int) -> dict[str, object]:
+    node: dict[str, object] = {"leaf": 1}
+    for _ in range(depth - 1):
+        node = {"a": node}
+    return node
+
+
+def test_deep_json_is_refused_at_the_boundary_and_runs_stay_listable(api: httpx.Client) -> None:
+    """A run's config nested 300 deep was stored and then broke GET /v1/runs for everyone; a body nested
+    1,000 deep broke the connection. Now both get a 4xx naming where, and the listing still answers."""
+    config = _error(api.post("/v1/runs", json={"problem": "causal_conv1d", "config": _nested(50)}), 422)
+    assert config["field"] == "body.config" and "levels deep" in config["message"], config
+    run = api.post("/v1/runs", json={"problem": "causal_conv1d", "config": _nested(20)})
+    assert run.status_code == 201, run.text
+    meta = _error(api.patch(f"/v1/runs/{run.json()['id']}", json={"meta": _nested(40)}), 422)
+    assert meta["field"] == "body.meta", meta
+    deep = '{"problem": "causal_conv1d", "code": "x", "options": ' + "[" * 1000 + "]" * 1000 + "}"
+    body = _error(api.post("/v1/test", content=deep, headers={"Content-Type": "application/json"}), 422, "body")
+    assert body["error"] == "too_deep" and "1001 levels" in body["message"], body
+    assert api.get("/v1/runs").status_code == 200 and api.get("/v1/health").status_code == 200
+
+
+def test_unknown_fields_in_runs_and_problems_are_refused(api: httpx.Client) -> None:
+    _error(api.post("/v1/runs", json={"problem": "causal_conv1d", "confg": {}}), 422, "body.confg")
+    _error(api.post("/v1/problems", json={"name": "x_y", "source": "x", "sorce": "y"}), 422, "body.sorce")
 
 
 def test_benchmark_shapes_must_include_one_to_time(api: httpx.Client) -> None:

@@ -6,7 +6,7 @@ The caller writes one `WorkerJob` as JSON to the worker's stdin; the worker answ
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kernelloop.tools.phase_registry import Phase
 from kernelloop.tools.problems import ProblemSpec
@@ -16,6 +16,8 @@ from kernelloop.tools.results import Backend, PhaseResultAny
 class EvalOptions(BaseModel):
     """Knobs a caller may turn; the defaults are what an honest verdict needs."""
 
+    model_config = ConfigDict(extra="forbid")
+
     shapes: list[str] | None = Field(None, description="names of shapes to use; default: all of the phase's shapes")
     seeds: int = Field(3, ge=1, le=20, description="fresh random input sets per correctness shape")
     timeout_s: float | None = Field(
@@ -23,8 +25,17 @@ class EvalOptions(BaseModel):
     )
     compare_torch_compile: bool = Field(False, description="benchmark: also time torch.compile(Model)")
     time_budget_s: float = Field(2.0, gt=0, le=60, description="benchmark: seconds of timing per shape")
-    min_samples: int = Field(25, ge=3, le=1000)
-    max_samples: int = Field(500, ge=3, le=100000)
+    min_samples: int = Field(25, ge=3, le=1000, description="benchmark: timed calls per shape at least")
+    max_samples: int = Field(500, ge=3, le=100000, description="benchmark: timed calls per shape at most")
+
+    @model_validator(mode="after")
+    def _samples_in_order(self) -> EvalOptions:
+        if self.min_samples > self.max_samples:
+            raise ValueError(
+                f"min_samples ({self.min_samples}) is over max_samples ({self.max_samples}): "
+                "give min_samples <= max_samples"
+            )
+        return self
 
 
 class WorkerJob(BaseModel):
