@@ -10,7 +10,7 @@ import threading
 import pytest
 from conftest import CPU_EXAMPLE, PROBLEM, cpu_correctness_shapes
 
-from kernelloop.tools import api
+from kernelloop.tools import api, build_cache
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import Status
@@ -77,3 +77,28 @@ def test_cpu_benchmark_reports_timings_and_speedup(kl, concurrent_cpu_example_bu
         assert entry.tflops == pytest.approx(shape.flops / (entry.candidate.median_ms / 1e3) / 1e12)
         assert entry.outputs_checked >= 2  # the timed outputs of both input sets were checked
     assert result.geomean_speedup == pytest.approx(result.shapes[0].speedup)
+
+
+def test_a_build_folder_that_links_out_of_the_job_is_not_followed(tmp_path) -> None:
+    """The job writes its build folder, and the service (maybe root) copies it into the cache afterwards:
+    a folder replaced by a link, or links inside it, must not carry host files into the cache."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "shadow").write_text("a host secret")
+    (host / ".built").touch()
+    cache = tmp_path / "cache"
+    linked = tmp_path / "job-1" / "build"
+    linked.parent.mkdir()
+    linked.symlink_to(host)
+    assert not build_cache.publish(cache, "1" * 64, linked)
+
+    build = tmp_path / "job-2" / "build"
+    build.mkdir(parents=True)
+    (build / "ext.so").write_bytes(b"\x7fELF")
+    (build / "leak").symlink_to(host / "shadow")
+    (build / "folder").symlink_to(host)
+    build_cache.mark_built(build)
+    assert build_cache.publish(cache, "2" * 64, build)
+    kept = build_cache.entry_path(cache, "2" * 64)
+    assert sorted(p.name for p in kept.rglob("*") if p.is_file()) == [".built", ".manifest.json", "ext.so"]
+    assert "a host secret" not in "".join(p.read_text(errors="replace") for p in kept.rglob("*") if p.is_file())

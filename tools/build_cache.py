@@ -75,8 +75,15 @@ def restore(cache_dir: Path, key: str, build_dir: Path) -> bool:
 
 
 def publish(cache_dir: Path, key: str, build_dir: Path) -> bool:
-    """Keep a finished build (the worker marked it built) in the cache, read-only. False if it was not finished."""
-    if not (build_dir / BUILT_MARKER).is_file() or is_published(cache_dir, key):
+    """Keep a finished build (the worker marked it built) in the cache, read-only. False if it was not finished.
+
+    The folder was the job's to write, so nothing in it is followed out of it: the folder itself must not
+    be a link, and links, or files that resolve elsewhere, are left behind (the service may be root)."""
+    if build_dir.is_symlink() or not build_dir.is_dir() or is_published(cache_dir, key):
+        return False
+    root = build_dir.resolve()
+    marker = build_dir / BUILT_MARKER
+    if marker.is_symlink() or not marker.is_file():
         return False
     entry = entry_path(cache_dir, key)
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +92,8 @@ def publish(cache_dir: Path, key: str, build_dir: Path) -> bool:
     for source in sorted(build_dir.rglob("*")):
         relative = source.relative_to(build_dir)
         if source.is_symlink() or not source.is_file() or relative.name == "lock":  # torch's own, stale lock
+            continue
+        if not source.resolve().is_relative_to(root):
             continue
         target = staging / relative
         target.parent.mkdir(parents=True, exist_ok=True)
