@@ -149,8 +149,17 @@ def _attack(host: Host, name: str) -> tuple[CompileResult, dict[str, str]]:
     return result, outcomes
 
 
+def _contained(outcome: str) -> bool:
+    """Blocked, or a write that landed in the sandbox's own private folders (e.g. its /tmp, which holds the
+    project when the project lives under the host's /tmp) and not on the host."""
+    if outcome.startswith("blocked"):
+        return True
+    written = re.fullmatch(r"ESCAPED: '(/[^']+)'", outcome)
+    return written is not None and not Path(written.group(1)).exists()
+
+
 def _assert_nothing_escaped(host: Host, result: CompileResult, outcomes: dict[str, str]) -> None:
-    escaped = {name: outcome for name, outcome in outcomes.items() if not outcome.startswith("blocked")}
+    escaped = {name: outcome for name, outcome in outcomes.items() if not _contained(outcome)}
     assert not escaped, escaped
     assert SECRET not in result.model_dump_json(), "a secret came back in the result"
     assert not host.connections, f"the host's sockets were reached: {host.connections}"
