@@ -173,7 +173,8 @@ def _assert_nothing_escaped(host: Host, result: CompileResult, outcomes: dict[st
         ("read_secrets", Status.passed),
         ("write_outside", Status.passed),
         ("network", Status.passed),
-        ("kill_parent", Status.passed),
+        # its parent is now the judge, which it may kill (same uid): the job fails, the service lives on
+        ("kill_parent", Status.runtime_error),
     ],
 )
 def test_attack_is_contained(host: Host, attack: str, expected: Status) -> None:

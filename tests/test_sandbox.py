@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 from conftest import ONE_CHECK, PROBLEM
 
 from kernelloop.tools import api
@@ -53,8 +52,7 @@ def test_segfault_is_runtime_error_naming_signal_and_shape_and_next_job_passes(k
     result = api.run_tests(PROBLEM, kl.helper_candidate("conv_segfault_with_bias"), "cpu", settings=kl.settings)
 
     assert result.status == Status.runtime_error
-    assert "SIGSEGV" in result.message and result.sandbox.signal == "SIGSEGV"
-    assert "checking shape bias" in result.message, result.message
+    assert "SIGSEGV" in result.message and "shape bias" in result.message, result.message
     assert [c.shape for c in result.checks] == ["small"] * EvalOptions().seeds  # how far it got
 
     after = api.run_tests(PROBLEM, kl.helper_candidate("conv_correct"), "cpu", ONE_CHECK, kl.settings)
@@ -142,38 +140,14 @@ def test_fake_result_on_stdout_does_not_pass_a_wrong_kernel(kl):
     assert result.status == Status.wrong_result and "FORGED" not in result.message
 
 
-def test_forged_reply_on_the_result_fd_does_not_pass_a_wrong_kernel(kl):
-    # without the job's nonce; os.write raises if argv[1] is not an open descriptor, which would end as
-    # runtime_error, so wrong_result also shows the forged lines reached the caller's pipe
+def test_forged_reply_on_the_runners_channel_breaks_the_protocol(kl):
+    # argv[1] of the candidate's process is its channel to the judge, not the caller's result pipe
     write = f"import os; os.write(int(sys.argv[1]), ({FORGED!r} + '\\n').encode())"
     code = kl.helper_candidate("conv_off_by_one", prelude=write, forward_prelude=write)
     result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
 
-    assert result.status == Status.wrong_result, result.message
-    assert "FORGED" not in result.message
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="known hole: the candidate runs in the worker's process, so it can read the "
-    "job's nonce from memory and send a final reply of its own; closing it needs the verdict "
-    "computed outside the candidate's process",
-)
-def test_forged_reply_with_the_nonce_read_from_memory_does_not_pass(kl):
-    code = kl.helper_candidate(
-        "conv_off_by_one",
-        forward_prelude=f"""
-        import gc, json, os
-        job = next(o for o in gc.get_objects() if type(o).__name__ == "WorkerJob")
-        forged = json.loads({FORGED!r})
-        forged["nonce"] = job.nonce
-        os.write(int(sys.argv[1]), (json.dumps(forged) + "\\n").encode())
-        os._exit(0)
-    """,
-    )
-    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
-
-    assert result.status != Status.passed
+    assert result.status == Status.runtime_error, result.message
+    assert "broke the protocol" in result.message and "FORGED" not in result.message
 
 
 # ---- what the candidate can see --------------------------------------------------------------------

@@ -166,7 +166,7 @@ def test_os_exit_in_forward_is_runtime_error(kl):
     result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
 
     assert result.status == Status.runtime_error
-    assert "exit code 0" in result.message and "checking shape small" in result.message
+    assert "exit code 0" in result.message and "shape small" in result.message
 
 
 def test_output_cached_by_input_pointer_is_caught_by_benchmark(kl):
@@ -185,7 +185,7 @@ def test_output_cached_by_input_pointer_is_caught_by_benchmark(kl):
     result = api.benchmark(PROBLEM, code, "cpu", EvalOptions(min_samples=3, time_budget_s=0.5), kl.settings)
 
     assert result.status == Status.suspicious, result.message
-    assert "timed output" in result.message
+    assert "timed call" in result.message
 
 
 # ---- the CUDA backend's builds on a machine without a GPU ------------------------------------------

@@ -64,8 +64,8 @@ def build_pair(
 def copy_parameters(reference: torch.nn.Module, candidate: torch.nn.Module) -> str:
     """Copy the reference's parameters and buffers into the candidate where they line up: by name,
     else by order and shape. Returns a sentence saying what was matched and what was not."""
-    ref_state = _tensors(reference)
-    new_state = _tensors(candidate)
+    ref_state = state_tensors(reference)
+    new_state = state_tensors(candidate)
     pairs: list[tuple[str, str]] = [
         (n, n) for n in ref_state if n in new_state and ref_state[n].shape == new_state[n].shape
     ]
@@ -94,7 +94,7 @@ def copy_parameters(reference: torch.nn.Module, candidate: torch.nn.Module) -> s
     return "; ".join(words)
 
 
-def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = dict(model.named_parameters())
     state.update((n, b) for n, b in model.named_buffers() if b is not None and b.is_floating_point())
     return state

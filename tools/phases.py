@@ -1,144 +1,200 @@
-"""Inside the worker: the three phases, compile, test and benchmark. Each hands back one result object.
+"""The judge: the three phases, compile, test and benchmark, each handing back one result object.
 
-Failures are values: every exception a submission can raise ends as a status with a message that names
-the shape, the seed, the element and the values involved. `report` sends the result-so-far to the
-caller after every step, so if the process dies (segfault, illegal address, timeout) the caller still
-knows how far it got.
+The judge never imports, unpickles or calls anything the submission made. It owns the seeds, the reference
+(whose parameters it copies to the candidate), the float64 truth, the tolerance and the statistics; the
+candidate runs in its runner (`kernelloop.tools.runner`), reached through `RunnerLink`, and hands back
+outputs written into the judge's shared buffers, which the judge copies and checks, call by call.
+
+Failures are values: every way a submission can fail ends as a status with a message that names the shape,
+the seed, the element and the values involved. `report` sends the result-so-far to the caller after every
+step, so if the judge itself dies the caller still knows how far it got.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
+import fnmatch
 import math
+import os
 import secrets
+import statistics
 import time
-import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from kernelloop.tools import build_cache, candidate, checking, devices, timing
-from kernelloop.tools.diagnostics import python_error_diagnostics
+from kernelloop.tools import candidate, checking, devices, timing
 from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.problems import ShapeSpec, import_problem_module
-from kernelloop.tools.results import BenchmarkResult, CompileResult, ShapeBenchmark, ShapeCheck, Status, TestResult
+from kernelloop.tools.results import (
+    BenchmarkResult,
+    CompileResult,
+    ShapeBenchmark,
+    ShapeCheck,
+    Status,
+    TestResult,
+)
+from kernelloop.tools.runner_link import RunnerFailed, RunnerLink
+from kernelloop.tools.runner_messages import (
+    Argument,
+    Call,
+    Called,
+    Load,
+    Loaded,
+    Observe,
+    Observed,
+    Prepare,
+    Prepared,
+    Start,
+    Started,
+)
+from kernelloop.tools.shared_tensors import SharedArena, SharedTensor
 
 Report = Callable[[Any], None]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+FIRST_CALL_DEADLINE_S = 25.0  # a candidate's first forward may JIT-compile (Triton) or create handles
+CALL_DEADLINE_MIN_S = 10.0
+CALL_DEADLINE_FACTOR = 100.0  # a call may take this many times the reference's time before it counts as hung
+CALIBRATION_CALLS = 12
+# How much shorter than the judge's envelope (less its calibrated overhead) a runner's reported median may be
+# before the timing is `suspicious`. Honest kernels on the H200 leave 0.2-0.55 ms a call unaccounted for (a cost
+# of the judge's GPU work between the candidate's calls that the calibration on the reference does not see),
+# so the GPU margin is coarse: it catches lies of more than 0.6 ms or 5% a call, not subtler ones.
+ENVELOPE_MARGIN_MS = {"cuda": 0.6, "cpu": 0.25}
+ENVELOPE_MARGIN_REL = {"cuda": 0.05, "cpu": 0.10}
 
 
-class Loaded:
-    """What a successful compile phase hands to the later phases."""
+class Fail(Exception):
+    """A check failed: the status and message the phase reports."""
 
-    def __init__(self, problem_module: ModuleType, model_new: type[torch.nn.Module], device: torch.device):
-        self.problem_module, self.model_new, self.device = problem_module, model_new, device
+    def __init__(self, status: Status, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass
+class Session:
+    """What the phases share: the job, the runner, the judge's own problem module and device."""
+
+    job: WorkerJob
+    link: RunnerLink
+    report: Report
+    device: torch.device
+    problem_module: ModuleType
+    dtype: torch.dtype
+    calls_made: int = 0
+    ops: set[str] = field(default_factory=set)
+
+    def ask_call(self, request: Call, reference_s: float) -> Called:
+        """One forward in the runner, with a deadline scaled to the reference's time."""
+        deadline = max(CALL_DEADLINE_MIN_S, CALL_DEADLINE_FACTOR * reference_s)
+        if self.calls_made == 0:
+            deadline = max(deadline, FIRST_CALL_DEADLINE_S)
+        self.calls_made += 1
+        return self.link.ask(request, Called, deadline)
+
+    def observe(self) -> None:
+        observed = self.link.ask(Observe(), Observed, CALL_DEADLINE_MIN_S)
+        if observed.ops is None:
+            raise Fail(Status.suspicious, "the operator observer was stopped from inside the candidate's process")
+        self.ops |= set(observed.ops)
+
+    def forbidden(self) -> list[str]:
+        return sorted(op for op in self.ops if any(fnmatch.fnmatchcase(op, p) for p in self.job.problem.forbidden_ops))
 
 
 def _device(job: WorkerJob) -> torch.device:
-    return torch.device("cuda" if job.backend == "cuda" else "cpu")
-
-
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return torch.device("cuda" if job.backend == "cuda" and torch.cuda.is_available() else "cpu")
 
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
 
 
-def compile_phase(job: WorkerJob, report: Report) -> tuple[CompileResult, Loaded | None]:
-    """Build and import the submission, find ModelNew, and instantiate it for every shape."""
-    result = CompileResult(
+def _as_failure(exc: Fail | RunnerFailed, where: str) -> Fail:
+    """A failed check as it is, or a runner that hung or died as a timeout or runtime error `where` it did."""
+    if isinstance(exc, Fail):
+        return exc
+    status = Status.timeout if exc.how == "timeout" else Status.runtime_error
+    return Fail(status, f"{exc} {where}")
+
+
+# ---- compile ------------------------------------------------------------------------------------------------
+
+
+def _blank_compile(job: WorkerJob) -> CompileResult:
+    return CompileResult(
         status=Status.passed,
         problem=job.problem.name,
         backend=job.backend,
         cache_key=job.cache_key,
         cache_hit=job.cache_hit,
     )
-    device = _device(job)
-    has_device = device.type != "cuda" or torch.cuda.is_available()
-    result.device = (
-        _device_name(device) if has_device else "none (no GPU visible: built, imported and constructed on the CPU)"
-    )
+
+
+def _start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileResult, Session | None]:
+    """Load the problem here and in the runner, before any candidate code runs."""
+    result = _blank_compile(job)
     try:
         problem_module = import_problem_module(Path(job.problem.path))
+        started = link.ask(Start(problem_path=job.problem.path, backend=job.backend), Started, 120)
+    except RunnerFailed as exc:
+        result.status, result.message = Status.sandbox_error, f"the runner did not start: {exc}"
+        return result, None
     except Exception as exc:
         result.status, result.message = Status.sandbox_error, f"the problem failed to load: {exc}"
         return result, None
-    build_dir = Path(job.build_dir)
-    started = time.perf_counter()
+    if started.error:
+        result.status, result.message = Status.sandbox_error, started.error
+        return result, None
+    device = _device(job)
+    result.device = started.device
+    session = Session(job, link, report, device, problem_module, DTYPES.get(job.problem.dtype, torch.float32))
+    return result, session
+
+
+def _load(session: Session, result: CompileResult) -> CompileResult:
+    """Build and import the submission in the runner, and construct ModelNew for every shape there."""
+    job = session.job
+    request = Load(
+        code=job.code,
+        submission_path=job.submission_path,
+        build_dir=job.build_dir,
+        problem=job.problem.name,
+        backend=job.backend,
+        shapes=[s for s in job.problem.shapes if job.backend in s.backends],
+        cache_key=job.cache_key,
+        cache_hit=job.cache_hit,
+        compile_only=job.phase == "compile",
+    )
     try:
-        module = candidate.import_submission(job.code, Path(job.submission_path))
-        build_cache.mark_built(build_dir)  # the service keeps the build once the job has ended
-    except BaseException as exc:  # SystemExit and KeyboardInterrupt from submitted code are failures too
-        result.build_seconds = round(time.perf_counter() - started, 3)
-        result.status = Status.compile_error
-        result.diagnostics = python_error_diagnostics(exc, job.code, job.submission_path)
-        first = next((d for d in result.diagnostics if d.severity == "error"), None)
-        where = f"line {first.line}: " if first and first.line else ""
-        result.message = where + (first.message if first else _error_text(exc))
-        result.log = traceback.format_exc()
-        return result, None
-    result.build_seconds = round(time.perf_counter() - started, 3)
-    model_new = candidate.model_new_class(module)
-    if model_new is None:
-        result.status, result.message = Status.missing_model_new, "the submission defines no class ModelNew(nn.Module)"
-        return result, None
-    shapes = [s for s in job.problem.shapes if job.backend in s.backends]
-    for shape in shapes:
-        try:
-            inspect.signature(model_new).bind(*shape.init_inputs)
-            model_new(*shape.init_inputs)
-        except TypeError as exc:
-            result.status = Status.signature_error
-            result.message = (
-                f"ModelNew{tuple(shape.init_inputs)} failed for shape {shape.name}: {exc}; ModelNew "
-                f"must take the reference's constructor arguments {_signature(problem_module)}"
-            )
-            return result, None
-        except Exception as exc:
-            result.status = Status.runtime_error
-            result.message = f"ModelNew{tuple(shape.init_inputs)} raised for shape {shape.name}: {_error_text(exc)}"
-            return result, None
-        result.shapes_instantiated.append(shape.name)
-    if not has_device:
-        if job.phase != "compile":
-            result.status = Status.sandbox_error
-            result.message = (
-                "the cuda backend needs a GPU to test or time, and none is visible here; use the cpu backend"
-            )
-        return result, None
-    return result, Loaded(problem_module, model_new, device)
+        loaded = session.link.ask(request, Loaded, None).compile
+    except RunnerFailed as exc:
+        result.status = Status.timeout if exc.how == "timeout" else Status.runtime_error
+        result.message = f"{exc} while building or importing the submission"
+        return result
+    # what the runner may not speak for: which job, which problem, which cache entry, which device
+    loaded.problem, loaded.backend, loaded.cache_key, loaded.cache_hit = (
+        job.problem.name, job.backend, job.cache_key, job.cache_hit,
+    )  # fmt: skip
+    loaded.device = result.device
+    return loaded
 
 
-def compile_only_phase(job: WorkerJob, report: Report) -> CompileResult:
-    """The compile phase on its own: the verdict, without the loaded module the other phases go on with."""
-    return compile_phase(job, report)[0]
+def compile_only_phase(job: WorkerJob, link: RunnerLink, report: Report) -> CompileResult:
+    result, session = _start(job, link, report)
+    return result if session is None else _load(session, result)
 
 
-def _signature(problem_module: ModuleType) -> str:
-    return str(inspect.signature(problem_module.Model))
+# ---- test ---------------------------------------------------------------------------------------------------
 
 
 def _selected(shapes: list[ShapeSpec], names: list[str] | None) -> list[ShapeSpec]:
     return [s for s in shapes if names is None or s.name in names]
-
-
-class _OpRecorder(TorchDispatchMode):
-    """Records the aten operators a forward dispatches, C++ extension calls into ATen included."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.add(func._schema.name)
-        return func(*args, **(kwargs or {}))
 
 
 def _set_precision_policy(allow_tf32: bool) -> None:
@@ -146,22 +202,15 @@ def _set_precision_policy(allow_tf32: bool) -> None:
     torch.backends.cudnn.allow_tf32 = allow_tf32
 
 
-def _release(device: torch.device) -> None:
+def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
-def _poison_free_memory(device: torch.device, like: list[torch.Tensor]) -> None:
-    """Leave NaN in the memory the next allocation of these sizes will get, so a kernel that returns
-    an unwritten buffer (torch::empty, or the reference's freed output) produces NaN, not stale truth."""
-    _release(device)
-    poison = [torch.full_like(t, float("nan")) if t.is_floating_point() else torch.empty_like(t) for t in like]
-    del poison
-
-
-def test_phase(job: WorkerJob, report: Report) -> TestResult:
-    compiled, loaded = compile_phase(job, report)
+def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
+    compiled, session = _start(job, link, report)
+    if session is not None:
+        compiled = _load(session, compiled)
     result = TestResult(
         status=compiled.status,
         message=compiled.message,
@@ -171,27 +220,27 @@ def test_phase(job: WorkerJob, report: Report) -> TestResult:
         compile=compiled,
         tolerance=job.problem.tolerance,
     )
-    if loaded is None:
+    if session is None or compiled.status != Status.passed:
         return result
     report(result)
     _set_precision_policy(job.problem.tolerance.allow_tf32)
-    dtype = DTYPES.get(job.problem.dtype, torch.float32)
-    tol = job.problem.tolerance.max_rel_error
-    ops: set[str] = set()
     for shape in _selected(job.problem.correctness_shapes(job.backend), job.options.shapes):
-        seeds = [secrets.randbelow(2**31) for _ in range(job.options.seeds)]
-        for seed in seeds:
+        for seed in [secrets.randbelow(2**31) for _ in range(job.options.seeds)]:
             result.message = f"checking shape {shape.name}, seed {seed}"
-            report(result)  # should the process die in this check, the caller can name the shape
-            check = _check_one(job, loaded, shape, seed, dtype, tol, ops, result)
+            report(result)  # should the judge die in this check, the caller can name the shape
+            try:
+                check = _check_one(session, shape, seed, result)
+            except (Fail, RunnerFailed) as exc:
+                failure = _as_failure(exc, "in forward")
+                check = ShapeCheck(shape=shape.name, seed=seed, status=failure.status, message=failure.message)
             result.checks.append(check)
             report(result)
             if check.status != Status.passed:
                 result.status, result.message = check.status, f"shape {shape.name}, seed {seed}: {check.message}"
-                result.ops_called = sorted(ops)
+                result.ops_called = sorted(session.ops)
                 return result
-    result.ops_called = sorted(ops)
-    forbidden = sorted(ops & set(job.problem.forbidden_ops))
+    result.ops_called = sorted(session.ops)
+    forbidden = session.forbidden()
     if forbidden:
         result.status = Status.forbidden_op
         result.message = f"ModelNew called {', '.join(forbidden)}: the reference's own operator may not do the work"
@@ -200,80 +249,139 @@ def test_phase(job: WorkerJob, report: Report) -> TestResult:
     return result
 
 
-def _check_one(
-    job: WorkerJob,
-    loaded: Loaded,
-    shape: ShapeSpec,
-    seed: int,
-    dtype: torch.dtype,
-    tol: float,
-    ops: set[str],
-    result: TestResult,
-) -> ShapeCheck:
-    """Candidate on fresh (NaN-poisoned) memory, then the reference and the float64 truth, then the
-    candidate again on poisoned memory; both candidate outputs must match the truth and each other."""
-    device = loaded.device
+@dataclass
+class Shared:
+    """One shape's buffers as shared with the runner, beside the judge's private originals."""
 
-    def fail(status: Status, message: str) -> ShapeCheck:
-        return ShapeCheck(shape=shape.name, seed=seed, status=status, message=message)
+    arena: SharedArena
+    fds: list[int]
+    parameters: dict[str, SharedTensor]
+    input_sets: list[list[Argument]]
+    input_views: list[list[torch.Tensor | None]]
+    slots: list[list[SharedTensor]]
+    slot_views: list[list[torch.Tensor]]
 
-    try:
-        pair = candidate.build_pair(loaded.problem_module, loaded.model_new, shape, device, seed)
-    except Exception as exc:
-        return fail(Status.runtime_error, f"building the models raised {_error_text(exc)}")
-    if not result.parameter_mapping:
-        result.parameter_mapping = pair.parameter_mapping
-    inputs = candidate.make_inputs(loaded.problem_module, shape, dtype, device, seed)
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+
+
+def _share(
+    device: torch.device,
+    reference: torch.nn.Module,
+    input_sets: list[list[Any]],
+    outputs: list[torch.Tensor],
+    n_slots: int,
+) -> Shared:
+    arena, fds = SharedArena(device), list[int]()
+    parameters = {name: arena.share(t.detach(), fds)[1] for name, t in candidate.state_tensors(reference).items()}
+    arguments: list[list[Argument]] = []
+    views: list[list[torch.Tensor | None]] = []
+    for inputs in input_sets:
+        row: list[Argument] = []
+        view_row: list[torch.Tensor | None] = []
+        for x in inputs:
+            if isinstance(x, torch.Tensor):
+                view, description = arena.share(x, fds)
+                row.append(Argument(tensor=description))
+                view_row.append(view)
+            else:
+                row.append(Argument(value=x))
+                view_row.append(None)
+        arguments.append(row)
+        views.append(view_row)
+    slots, slot_views = [], []
+    for _ in range(n_slots):
+        pairs = [arena.new(tuple(o.shape), o.dtype, fds) for o in outputs]
+        slot_views.append([view for view, _ in pairs])
+        slots.append([description for _, description in pairs])
+    return Shared(arena, fds, parameters, arguments, views, slots, slot_views)
+
+
+def _prepare(
+    session: Session, model: Literal["candidate", "reference"], shape: ShapeSpec, seed: int, shared: Shared
+) -> Prepared:
+    request = Prepare(
+        model=model,
+        shape=shape,
+        seed=seed,
+        parameters=shared.parameters,
+        input_sets=shared.input_sets,
+        output_slots=shared.slots,
+    )
+    prepared = session.link.ask(request, Prepared, 120, fds=shared.fds)
+    shared.close()  # the runner holds its own copies of the descriptors now
+    if prepared.error:
+        raise Fail(Status.runtime_error, prepared.error)
+    return prepared
+
+
+def _poison(slots: list[torch.Tensor]) -> None:
+    for slot in slots:
+        slot.fill_(float("nan")) if slot.is_floating_point() else slot.zero_()
+
+
+def _answered(called: Called, what: str) -> None:
+    """Raise the failure the runner's answer reports, if any."""
+    if called.error:
+        raise Fail(Status.runtime_error, f"{what} raised {called.error.removeprefix('forward raised ')}")
+    if called.output_problem:
+        raise Fail(Status.wrong_output, called.output_problem)
+
+
+def _take_outputs(called: Called, slots: list[torch.Tensor], what: str) -> list[torch.Tensor]:
+    """The judge's private copy of what the runner wrote, once the runner has answered for it."""
+    _answered(called, what)
+    return [slot.clone() for slot in slots]
+
+
+def _mutated(views: list[torch.Tensor | None], originals: list[Any]) -> str | None:
+    return checking.inputs_unchanged(originals, [v if v is not None else o for v, o in zip(views, originals)])
+
+
+def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult) -> ShapeCheck:
+    """The candidate twice on one fresh input, each time into NaN-filled buffers, against the float64 truth
+    the judge computed from its own reference; the two runs must agree."""
+    job, device = session.job, session.device
+    tol = job.problem.tolerance.max_rel_error
+    torch.manual_seed(seed)
+    reference = session.problem_module.Model(*shape.init_inputs).to(device).eval()
+    inputs = candidate.make_inputs(session.problem_module, shape, session.dtype, device, seed)
     with torch.no_grad():
-        first_inputs = candidate.clone_inputs(inputs)
-        reference_out = pair.reference(*candidate.clone_inputs(inputs))  # only to size the poison
-        expected = checking.flatten_outputs(reference_out) or []
-        shapes_only = [torch.empty_like(t) for t in expected]
-        del reference_out, expected
-        _poison_free_memory(device, shapes_only)
-        try:
-            recorder = _OpRecorder()
-            with recorder:
-                first = pair.candidate(*first_inputs)
-            ops |= recorder.ops
-            _release(device)
-        except Exception as exc:
-            return fail(Status.runtime_error, f"forward raised {_error_text(exc)}")
-        mutated = checking.inputs_unchanged(inputs, first_inputs)
-        if mutated:
-            return fail(Status.input_mutated, mutated)
-        reference_out = checking.flatten_outputs(pair.reference(*candidate.clone_inputs(inputs))) or []
-        problem = checking.format_problem(first, reference_out)
-        if problem:
-            return fail(Status.wrong_output, problem)
-        reference64 = copy.deepcopy(pair.reference).double()
-        truth = (
-            checking.flatten_outputs(
-                reference64(
-                    *[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-                )
-            )
-            or []
-        )
+        started = time.perf_counter()
+        reference_out = checking.flatten_outputs(reference(*candidate.clone_inputs(inputs))) or []
+        _synchronize(device)
+        reference_s = time.perf_counter() - started
+        reference64 = copy.deepcopy(reference).double()
+        truth = checking.flatten_outputs(
+            reference64(*[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs])
+        ) or []  # fmt: skip
         del reference64
-        reference_error = max(checking.relative_max_error(r, t) for r, t in zip(reference_out, truth))
-        del reference_out
-        _poison_free_memory(device, shapes_only)
-        try:
-            second = pair.candidate(*candidate.clone_inputs(inputs))
-            _release(device)
-        except Exception as exc:
-            return fail(Status.runtime_error, f"second forward raised {_error_text(exc)}")
+    reference_error = max((checking.relative_max_error(r, t) for r, t in zip(reference_out, truth)), default=0.0)
+    shared = _share(device, reference, [inputs], reference_out, n_slots=2)
+    del reference_out
+    prepared = _prepare(session, "candidate", shape, seed, shared)
+    if not result.parameter_mapping:
+        result.parameter_mapping = prepared.parameter_mapping
+    outputs = []
+    for slot_index, what in ((0, "forward"), (1, "the second forward")):
+        _poison(shared.slot_views[slot_index])
+        _synchronize(device)
+        called = session.ask_call(Call(input_set=0, slot=slot_index, timed=False), reference_s)
+        outputs.append(_take_outputs(called, shared.slot_views[slot_index], what))
+        mutated = _mutated(shared.input_views[0], inputs)
+        if mutated:
+            raise Fail(Status.input_mutated, mutated)
+    session.observe()
+    first, second = outputs
     check = checking.compare_outputs(first, truth, tol)
     again = checking.compare_outputs(second, truth, tol)
     if check.status == Status.passed and again.status != Status.passed:
         check = again
-        check.message = "the second run, after the reference ran and its memory was freed: " + check.message
+        check.message = "the second run on the same input: " + check.message
     elif check.status == Status.passed:
-        drift = max(
-            checking.relative_max_error(a, b.double())
-            for a, b in zip(checking.flatten_outputs(first) or [], checking.flatten_outputs(second) or [])
-        )
+        drift = max((checking.relative_max_error(a, b.double()) for a, b in zip(first, second)), default=0.0)
         if drift > tol:
             check.status = Status.nondeterministic
             check.message = f"two runs on one input differ by {drift:.3g} x max|output| (tolerance {tol:g}): a race?"
@@ -287,8 +395,11 @@ def _check_one(
     return check
 
 
-def benchmark_phase(job: WorkerJob, report: Report) -> BenchmarkResult:
-    compiled, loaded = compile_phase(job, report)
+# ---- benchmark ----------------------------------------------------------------------------------------------
+
+
+def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> BenchmarkResult:
+    compiled, session = _start(job, link, report)
     result = BenchmarkResult(
         status=compiled.status,
         message=compiled.message,
@@ -297,19 +408,36 @@ def benchmark_phase(job: WorkerJob, report: Report) -> BenchmarkResult:
         device=compiled.device,
         compile=compiled,
         timing_method=(
-            "cuda events, L2 flush, interleaved, median; candidate bracketed by device-wide syncs"
+            "cuda events, L2 flush and persisting-L2 reset, interleaved, median; the candidate in its own "
+            "process bracketed by device-wide syncs, every output checked, its time checked against the "
+            "judge's envelope"
             if job.backend == "cuda"
-            else "perf_counter per call, interleaved, median"
+            else "perf_counter per call, interleaved, median; the candidate in its own process, every output "
+            "checked, its time checked against the judge's envelope"
         ),
     )
-    if loaded is None:
+    if session is None:
+        return result
+    _set_precision_policy(job.problem.tolerance.allow_tf32)
+    shapes = _selected(job.problem.benchmark_shapes(job.backend), job.options.shapes)
+    try:
+        overheads = {shape.name: _calibrate(session, shape) for shape in shapes}  # before the candidate's import
+    except (Fail, RunnerFailed) as exc:
+        result.status, result.message = Status.sandbox_error, f"calibrating the envelope failed: {exc}"
+        return result
+    compiled = result.compile = _load(session, compiled)
+    result.status, result.message, result.device = compiled.status, compiled.message, compiled.device
+    if compiled.status != Status.passed:
         return result
     report(result)
-    _set_precision_policy(job.problem.tolerance.allow_tf32)
-    peaks = devices.gpu_peaks(compiled.device) if loaded.device.type == "cuda" else None
-    for shape in _selected(job.problem.benchmark_shapes(job.backend), job.options.shapes):
+    peaks = devices.gpu_peaks(compiled.device) if session.device.type == "cuda" else None
+    clock = timing.Clock(session.device)
+    for shape in shapes:
         try:
-            entry = _benchmark_one(job, loaded, shape, peaks)
+            entry = _benchmark_one(session, clock, shape, overheads[shape.name], peaks)
+        except (Fail, RunnerFailed) as exc:
+            failure = _as_failure(exc, "in a timed forward")
+            entry = ShapeBenchmark(shape=shape.name, status=failure.status, message=failure.message)
         except Exception as exc:
             entry = ShapeBenchmark(shape=shape.name, status=Status.runtime_error, message=_error_text(exc))
         result.shapes.append(entry)
@@ -326,49 +454,149 @@ def benchmark_phase(job: WorkerJob, report: Report) -> BenchmarkResult:
     return result
 
 
-def _on_input_set(model: Callable[..., Any], input_sets: list[list[Any]]) -> timing.Subject:
-    """What the timer calls: the model on input set `i`."""
-    return lambda i: model(*input_sets[i])
+def _shape_inputs(
+    session: Session, shape: ShapeSpec, seed: int
+) -> tuple[torch.nn.Module, list[list[Any]], list[torch.Tensor]]:
+    """The judge's reference for a shape, two input sets, and the reference's output on the first."""
+    torch.manual_seed(seed)
+    reference = session.problem_module.Model(*shape.init_inputs).to(session.device).eval()
+    input_sets = [
+        candidate.make_inputs(session.problem_module, shape, session.dtype, session.device, seed + i) for i in range(2)
+    ]
+    with torch.no_grad():
+        outputs = checking.flatten_outputs(reference(*input_sets[0])) or []
+    if not outputs:
+        raise Fail(Status.sandbox_error, f"the reference's forward for shape {shape.name} returned no tensor")
+    return reference, input_sets, outputs
+
+
+def _calibrate(session: Session, shape: ShapeSpec) -> float:
+    """The envelope's fixed cost for this shape: the judge's wall time around a timed call, less the time
+    the runner reports, measured on the reference in the runner before any candidate code was imported."""
+    clock = timing.Clock(session.device)
+    seed = secrets.randbelow(2**31)
+    reference, input_sets, outputs = _shape_inputs(session, shape, seed)
+    shared = _share(session.device, reference, input_sets, outputs, n_slots=len(input_sets))
+    _prepare(session, "reference", shape, seed, shared)
+    gaps = []
+    for i in range(CALIBRATION_CALLS):
+        clock.clear()
+        called = session.link.ask(Call(input_set=i % 2, slot=i % 2, timed=True), Called, 120)
+        if called.error or called.elapsed_ms is None:
+            raise Fail(Status.sandbox_error, f"the reference failed in the runner: {called.error}")
+        gaps.append(session.link.last_envelope_ms - called.elapsed_ms)
+    return statistics.median(gaps[2:])
+
+
+def _audit(
+    session: Session,
+    *,
+    n_sets: int,
+    redraw: Callable[[int], None],
+    reference: Callable[[int], float],
+    check: Callable[[int], None],
+) -> None:
+    """After the timed calls, one observed call per input set, its output checked like the others: the
+    operator observer watches untimed calls only (its cost would distort the timing)."""
+    for set_index in range(n_sets):
+        redraw(set_index)
+        reference(set_index)
+        called = session.ask_call(Call(input_set=set_index, slot=set_index, timed=False), 1.0)
+        _answered(called, "an observed forward after the timed calls")
+        check(set_index)
+    session.observe()
+
+
+@dataclass
+class _Tally:
+    """The candidate's reported times and the judge's envelopes, call by call."""
+
+    reported: list[float] = field(default_factory=list)
+    envelope: list[float] = field(default_factory=list)
+    checked: int = 0
 
 
 def _benchmark_one(
-    job: WorkerJob, loaded: Loaded, shape: ShapeSpec, peaks: devices.DevicePeaks | None
+    session: Session, clock: timing.Clock, shape: ShapeSpec, overhead_ms: float, peaks: devices.DevicePeaks | None
 ) -> ShapeBenchmark:
-    device, dtype = loaded.device, DTYPES.get(job.problem.dtype, torch.float32)
+    job, device = session.job, session.device
+    tol = job.problem.tolerance.max_rel_error
     seed = secrets.randbelow(2**31)
-    pair = candidate.build_pair(loaded.problem_module, loaded.model_new, shape, device, seed)
-    subjects: dict[str, Callable[..., Any]] = {"candidate": pair.candidate, "reference": pair.reference}
+    reference, private_sets, outputs = _shape_inputs(session, shape, seed)
+    shared = _share(device, reference, private_sets, outputs, n_slots=len(private_sets))
+    _prepare(session, "candidate", shape, seed, shared)
+    subjects_trusted: dict[str, torch.nn.Module | Callable[..., Any]] = {"reference": reference}
     if job.options.compare_torch_compile:
-        subjects["compiled_reference"] = torch.compile(pair.reference)
-    n_sets = 2
-    input_sets = {
-        name: [
-            candidate.make_inputs(loaded.problem_module, shape, dtype, device, seed + 7919 * (k + 1) + i)
-            for i in range(n_sets)
-        ]
-        for k, name in enumerate(subjects)
-    }
+        subjects_trusted["compiled_reference"] = torch.compile(reference)
     generator = torch.Generator(device=device).manual_seed(seed)
+    expected: dict[int, list[torch.Tensor]] = {}
+    tally = _Tally()
+    reference_s = [1.0]
 
-    def refresh(name: str, set_index: int) -> None:
-        if shape.input_shapes is not None:
-            candidate.refresh_inputs(input_sets[name][set_index], generator)
+    def redraw(set_index: int) -> None:
+        candidate.refresh_inputs(private_sets[set_index], generator)
+        for view, x in zip(shared.input_views[set_index], private_sets[set_index]):
+            if view is not None:
+                view.copy_(x)
+        _poison(shared.slot_views[set_index])
+        _synchronize(device)
 
-    with torch.no_grad():
-        measured = timing.measure(
-            {name: _on_input_set(model, input_sets[name]) for name, model in subjects.items()},
-            refresh,
-            n_sets,
-            device,
-            budget_s=job.options.time_budget_s,
-            min_samples=job.options.min_samples,
-            max_samples=job.options.max_samples,
-            suspects=("candidate",),
+    def trusted(name: str) -> Callable[[int], float]:
+        def run(set_index: int) -> float:
+            with torch.no_grad():
+                elapsed, out = clock.time(lambda: subjects_trusted[name](*private_sets[set_index]))
+            if name == "reference":
+                expected[set_index] = checking.flatten_outputs(out) or []
+                reference_s[0] = elapsed / 1e3
+            return elapsed
+
+        return run
+
+    def remote(set_index: int) -> float:
+        clock.clear()
+        called = session.ask_call(Call(input_set=set_index, slot=set_index, timed=True), reference_s[0])
+        envelope_ms = session.link.last_envelope_ms
+        _answered(called, "a timed forward")
+        if called.elapsed_ms is None or not math.isfinite(called.elapsed_ms) or called.elapsed_ms < 0:
+            raise Fail(Status.suspicious, f"the runner reported no usable time ({called.elapsed_ms})")
+        tally.reported.append(called.elapsed_ms)
+        tally.envelope.append(envelope_ms - overhead_ms)
+        return called.elapsed_ms
+
+    def check_round(set_index: int) -> None:
+        got = [slot.clone() for slot in shared.slot_views[set_index]]
+        mutated = _mutated(shared.input_views[set_index], private_sets[set_index])
+        if mutated:
+            raise Fail(Status.input_mutated, f"timed call {tally.checked + 1}: {mutated}")
+        for g, e in zip(got, expected[set_index]):
+            error = checking.relative_max_error(g, e.double())
+            if not error <= 2 * tol:
+                raise Fail(
+                    Status.suspicious,
+                    f"timed call {tally.checked + 1} (input set {set_index}) is off by {error:.3g} x max|reference| "
+                    f"(tolerance {2 * tol:g}): its output was not computed from that call's input within the call",
+                )
+        tally.checked += 1
+
+    subjects = {name: trusted(name) for name in subjects_trusted}
+    subjects["candidate"] = remote
+    samples = timing.measure(
+        subjects,
+        before_round=redraw,
+        after_round=check_round,
+        n_sets=len(private_sets),
+        budget_s=job.options.time_budget_s,
+        min_samples=job.options.min_samples,
+        max_samples=job.options.max_samples,
+    )
+    _audit(session, n_sets=len(private_sets), redraw=redraw, reference=subjects["reference"], check=check_round)
+    forbidden = session.forbidden()
+    if forbidden:
+        raise Fail(
+            Status.forbidden_op,
+            f"ModelNew called {', '.join(forbidden)}: the reference's own operator may not do the work",
         )
-        problem = _check_timed_outputs(
-            pair, input_sets["candidate"], measured.last_outputs["candidate"], job.problem.tolerance.max_rel_error
-        )
-    stats = {name: timing.summarize(s) for name, s in measured.samples_ms.items()}
+    stats = {name: timing.summarize(s) for name, s in samples.items()}
     cand, ref = stats["candidate"], stats["reference"]
     entry = ShapeBenchmark(
         shape=shape.name,
@@ -377,7 +605,9 @@ def _benchmark_one(
         reference=ref,
         compiled_reference=stats.get("compiled_reference"),
         speedup=ref.median_ms / cand.median_ms if cand.median_ms > 0 else None,
-        outputs_checked=len(measured.last_outputs["candidate"]),
+        outputs_checked=tally.checked,
+        envelope=timing.summarize(tally.envelope),
+        envelope_overhead_ms=overhead_ms,
     )
     if entry.compiled_reference and cand.median_ms > 0:
         entry.speedup_vs_compiled = entry.compiled_reference.median_ms / cand.median_ms
@@ -390,8 +620,16 @@ def _benchmark_one(
     )
     if entry.floor_ms and cand.median_ms > 0:
         entry.fraction_of_floor = entry.floor_ms / cand.median_ms
-    if problem:
-        entry.status, entry.message = Status.suspicious, problem
+    unaccounted = statistics.median(e - r for e, r in zip(tally.envelope, tally.reported))
+    entry.unaccounted_ms = unaccounted
+    margin = max(ENVELOPE_MARGIN_MS[job.backend], ENVELOPE_MARGIN_REL[job.backend] * cand.median_ms)
+    if unaccounted > margin:
+        entry.status = Status.suspicious
+        entry.message = (
+            f"the runner reported a median of {cand.median_ms:.4f} ms, but the judge's own clock around each call "
+            f"accounts for {statistics.median(tally.envelope):.4f} ms after the calibrated overhead "
+            f"({overhead_ms:.4f} ms): {unaccounted:.4f} ms a call unaccounted for (margin {margin:.4f} ms)"
+        )
     elif entry.memory_floor_ms and cand.median_ms < entry.memory_floor_ms:
         entry.status = Status.suspicious
         entry.message = (
@@ -399,23 +637,3 @@ def _benchmark_one(
             f"({shape.bytes} bytes at {peaks.bandwidth_bytes_s / 1e12 if peaks else 0:.2f} TB/s): not a real speedup"
         )
     return entry
-
-
-def _check_timed_outputs(
-    pair: candidate.ModelPair, input_sets: list[list[Any]], outputs: dict[int, Any], tol: float
-) -> str | None:
-    """The last timed output of each input set must match the reference on that set's current contents;
-    a kernel that caches results by pointer or by value fails here."""
-    for set_index, got in outputs.items():
-        expected = checking.flatten_outputs(pair.reference(*input_sets[set_index])) or []
-        problem = checking.format_problem(got, expected)
-        if problem:
-            return f"timed output of input set {set_index}: {problem}"
-        for g, e in zip(checking.flatten_outputs(got) or [], expected):
-            error = checking.relative_max_error(g, e.double())
-            if not error <= 2 * tol:
-                return (
-                    f"timed output of input set {set_index} is off by {error:.3g} x max|reference| "
-                    f"(tolerance {2 * tol:g}): results were reused or computed wrong while timed"
-                )
-    return None

@@ -5,7 +5,7 @@ format), which loads unmodified with its own single shape. Our problems may add 
 
     DTYPE = "float32"
     ALLOW_TF32 = True                      # tolerance policy: "tf32" if True, else strict "fp32"
-    FORBIDDEN_OPS = ["aten::convolution"]  # operators ModelNew may not call to do the work
+    FORBIDDEN_OPS = ["*::*convolution*"]   # operators ModelNew may not call (fnmatch patterns over names)
     SHAPES = [{"name": ..., "init_inputs": [...], "input_shapes": [[...]],
                "correctness": True, "benchmark": False}, ...]
     def flops(init_inputs, input_shapes) -> int: ...        # for the roofline

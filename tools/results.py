@@ -165,7 +165,16 @@ class ShapeBenchmark(BaseModel):
     floor_ms: float | None = Field(None, description="roofline floor: max(bytes/peak bandwidth, flops/peak rate)")
     memory_floor_ms: float | None = None
     fraction_of_floor: float | None = Field(None, description="floor_ms / candidate median")
-    outputs_checked: int = 0
+    outputs_checked: int = Field(0, description="timed calls whose output the judge checked: all of them")
+    envelope: Timing | None = Field(
+        None, description="the judge's wall clock around each timed call of the candidate, less envelope_overhead_ms"
+    )
+    envelope_overhead_ms: float | None = Field(
+        None, description="the envelope's fixed cost, calibrated on the reference in the runner before the import"
+    )
+    unaccounted_ms: float | None = Field(
+        None, description="median of envelope minus the candidate's reported time: near zero for an honest timer"
+    )
 
 
 class BenchmarkResult(PhaseResult):

@@ -260,7 +260,7 @@ def run_worker(
         prefix = ["unshare", "-n", "--"]
     # CUDA reserves address space far beyond what it uses, so only a job without a GPU gets an address-space cap
     memory = None if gpu else settings.max_memory_bytes
-    argv = prefix + [sys.executable, "-m", module, str(result_write)]
+    argv = prefix + [sys.executable, "-P", "-m", module, str(result_write)]
     cgroup = None
     if settings.job_cgroups:
         cgroup = JobCgroup.create(f"kernelloop-{job_dir.name}", settings.max_processes, memory)

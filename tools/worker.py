@@ -1,8 +1,10 @@
-"""Entry point of a sandboxed worker: `python -m kernelloop.tools.worker RESULT_FD`, the job as JSON on stdin.
+"""Entry point of a sandboxed job: `python -P -m kernelloop.tools.worker RESULT_FD`, the job as JSON on stdin.
 
-It reads the whole job, then runs the phase, sending the result-so-far on the private pipe after each
-step and the final result last, each line tagged with the job's nonce. It leaves with os._exit so that
-nothing the submission registered (atexit hooks, extension destructors) runs after the verdict.
+This process is the judge. It reads the whole job, makes itself non-dumpable, and starts the candidate's
+runner (a second process, which imports torch while the judge does), then runs the phase, sending the
+result-so-far on the private pipe after each step and the final result last, each line tagged with the
+job's nonce. Neither the pipe nor the nonce is reachable from the runner. It leaves with os._exit, so
+nothing at exit can run after the verdict.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ import traceback
 
 from kernelloop.tools.jobs import WorkerJob, WorkerReply
 from kernelloop.tools.phase_registry import PHASES
+from kernelloop.tools.runner_link import RunnerLink, make_undumpable
 
 
 def main() -> None:
     result_fd = int(sys.argv[1])
     job = WorkerJob.model_validate_json(sys.stdin.buffer.read())
     sys.stdin.close()
-    os.environ["TORCH_EXTENSIONS_DIR"] = job.build_dir
+    make_undumpable()
+    os.set_inheritable(result_fd, False)
+    link = RunnerLink()
     channel = os.fdopen(result_fd, "w", buffering=1)
 
     def send(result: object, final: bool = False) -> None:
@@ -27,14 +32,16 @@ def main() -> None:
         channel.write(reply.model_dump_json() + "\n")
         channel.flush()
 
-    from kernelloop.tools import phases  # imported after the job is read: torch takes seconds to load
+    from kernelloop.tools import phases  # imported after the runner started: torch takes seconds to load
 
     try:
-        result = getattr(phases, PHASES[job.phase].worker)(job, send)
-    except BaseException:  # the harness itself failed: say so rather than vanish
+        result = getattr(phases, PHASES[job.phase].worker)(job, link, send)
+    except BaseException:  # the judge itself failed: say so rather than vanish
         traceback.print_exc()
         sys.stderr.flush()
+        link.close()
         os._exit(3)
+    link.close()
     send(result, final=True)
     channel.close()
     sys.stdout.flush()

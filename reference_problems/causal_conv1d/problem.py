@@ -30,9 +30,9 @@ def get_init_inputs():
 # ---- kernelloop metadata (KernelBench ignores it) ----
 DTYPE = "float32"
 ALLOW_TF32 = True  # PyTorch's default for cuDNN convolutions
-FORBIDDEN_OPS = ["aten::convolution", "aten::_convolution", "aten::conv1d", "aten::cudnn_convolution",
-                 "aten::mkldnn_convolution", "aten::_mps_convolution", "aten::convolution_overrideable",
-                 "aten::_slow_conv2d_forward", "aten::slow_conv_dilated2d", "aten::_convolution_mode"]
+# patterns (fnmatch) over operator names: the whole convolution family, whatever namespace or overload
+FORBIDDEN_OPS = ["*::*convolution*", "*::conv1d*", "*::conv2d*", "*::conv3d*", "*::conv_*", "*::_conv_*",
+                 "*::slow_conv*", "*::thnn_conv*", "*::cudnn_conv*", "*::miopen_conv*", "*::mkldnn_conv*"]
 
 
 def _shape(name, B, Cin, Cout, K, d, L, bias=False, correctness=True, benchmark=False, backends=("cuda", "cpu")):

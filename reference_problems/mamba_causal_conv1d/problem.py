@@ -31,9 +31,9 @@ def get_init_inputs():
 # ---- kernelloop metadata (KernelBench ignores it) ----
 DTYPE = "float32"
 ALLOW_TF32 = False  # a depthwise conv has no matrix product: strict fp32
-FORBIDDEN_OPS = ["aten::convolution", "aten::_convolution", "aten::conv1d", "aten::cudnn_convolution",
-                 "aten::mkldnn_convolution", "aten::_conv_depthwise2d", "aten::convolution_overrideable",
-                 "aten::_slow_conv2d_forward", "aten::_convolution_mode"]
+# patterns (fnmatch) over operator names: the whole convolution family, whatever namespace or overload
+FORBIDDEN_OPS = ["*::*convolution*", "*::conv1d*", "*::conv2d*", "*::conv3d*", "*::conv_*", "*::_conv_*",
+                 "*::slow_conv*", "*::thnn_conv*", "*::cudnn_conv*", "*::miopen_conv*", "*::mkldnn_conv*"]
 
 
 def _shape(name, B, D, L, K=4, bias=True, silu=True, correctness=True, benchmark=False, backends=("cuda", "cpu")):

@@ -1,0 +1,102 @@
+"""The judge's hold on the candidate's runner: starts it, asks it things, and times every answer from outside.
+
+The runner is a second process in the judge's sandbox (`python -P -m kernelloop.tools.runner`), sharing
+nothing with the judge but a socket: before starting it the judge makes itself non-dumpable, so the runner
+(same uid, no capabilities) cannot read or write the judge's memory, descriptors or environment through
+/proc, and the seccomp filter already refuses ptrace. Every request has a deadline: a runner that hangs is
+killed and the request fails with `RunnerFailed`, as does one that dies or breaks the protocol.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from kernelloop.tools.channel import Channel, ChannelBroken, ChannelTimeout
+from kernelloop.tools.runner_messages import Reply, ReplyEnvelope, Request, RequestEnvelope
+
+ReplyT = TypeVar("ReplyT", bound=BaseModel)
+PR_SET_DUMPABLE = 4
+RUNNER_MODULE = "kernelloop.tools.runner"
+
+
+class RunnerFailed(RuntimeError):
+    """The runner hung, died or broke the protocol; `how` is "timeout" or "died"."""
+
+    def __init__(self, how: str, message: str):
+        super().__init__(message)
+        self.how = how
+
+
+def make_undumpable() -> None:
+    """Keep processes of the same uid out of this one's memory (/proc/PID/mem, fd, environ, ptrace)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+class RunnerLink:
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.process = subprocess.Popen(
+            [sys.executable, "-P", "-m", RUNNER_MODULE, str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            close_fds=True,
+            env={**os.environ, "KINETO_LOG_LEVEL": "5"},  # the operator observer's start and stop stay out of the log
+        )
+        theirs.close()
+        self.channel = Channel(ours)
+        self.last_envelope_ms = 0.0
+
+    def ask(
+        self, request: Request, reply_type: type[ReplyT], timeout_s: float | None, fds: list[int] | None = None
+    ) -> ReplyT:
+        """Send one request and wait at most `timeout_s` for its reply; `last_envelope_ms` is the wall time
+        from just before the send to just after the reply, on the judge's clock."""
+        started = time.perf_counter()
+        try:
+            self.channel.send(RequestEnvelope(request=request), fds)
+            envelope, stray = self.channel.receive(ReplyEnvelope, timeout_s)
+        except ChannelTimeout:
+            self.kill()
+            raise RunnerFailed(
+                "timeout", f"no answer within {timeout_s:.0f} s: the candidate's process was killed"
+            ) from None
+        except ChannelBroken as exc:
+            raise RunnerFailed("died", self._death(str(exc))) from None
+        self.last_envelope_ms = (time.perf_counter() - started) * 1e3
+        for fd in stray:
+            os.close(fd)
+        reply: Reply = envelope.reply
+        if not isinstance(reply, reply_type):
+            self.kill()
+            raise RunnerFailed(
+                "died", f"the candidate's process answered {reply.kind!r} where {reply_type.__name__} was due"
+            )
+        return reply
+
+    def _death(self, why: str) -> str:
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return f"the candidate's process broke the protocol ({why}) and was killed"
+        if code < 0:
+            return f"the candidate's process died (signal {signal.Signals(-code).name})"
+        return f"the candidate's process ended (exit code {code})"
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def close(self) -> None:
+        self.kill()
+        self.channel.close()
