@@ -53,7 +53,9 @@ def test_segfault_is_runtime_error_naming_signal_and_shape_and_next_job_passes(k
 
     assert result.status == Status.runtime_error
     assert "SIGSEGV" in result.message and "shape bias" in result.message, result.message
-    assert [c.shape for c in result.checks] == ["small"] * EvalOptions().seeds  # how far it got
+    # how far it got: every small check passed, then the crash on the first bias check
+    assert [c.shape for c in result.checks] == ["small"] * EvalOptions().seeds + ["bias"]
+    assert [c.status for c in result.checks][-1] == Status.runtime_error
 
     after = api.run_tests(PROBLEM, kl.helper_candidate("conv_correct"), "cpu", ONE_CHECK, kl.settings)
     assert after.status == Status.passed, after.message
