@@ -130,7 +130,19 @@ def candidate_source(
     )
 
 
-CANDIDATE_TEMPLATE = """\
+MODEL_NEW_INIT = """\
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
+        super().__init__()
+        self.dilation = dilation
+        # random, not the reference's values: the harness must copy the reference's parameters in
+        self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size))
+        self.bias = nn.Parameter(torch.randn(out_channels)) if bias else None
+"""
+"""A causal-conv1d ModelNew's class line and constructor, for candidate templates to go on from."""
+
+CANDIDATE_TEMPLATE = (
+    """\
 import sys
 
 import torch
@@ -141,18 +153,14 @@ import {name} as kernels
 
 {prelude}
 
-class ModelNew(nn.Module):
-    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
-        super().__init__()
-        self.dilation = dilation
-        # random, not the reference's values: the harness must copy the reference's parameters in
-        self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size))
-        self.bias = nn.Parameter(torch.randn(out_channels)) if bias else None
-
+"""
+    + MODEL_NEW_INIT
+    + """
     def forward(self, x):
 {forward_prelude}
         return kernels.{function}(x, self.weight, self.bias, self.dilation)
 """
+)
 
 
 @dataclass

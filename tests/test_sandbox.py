@@ -105,6 +105,15 @@ def test_hang_is_timeout_and_kills_the_process_group(kl):
     assert not _processes_with(token), "a process the worker started outlived the timeout"
 
 
+def test_a_hang_in_forward_ends_by_the_call_deadline_not_the_phase_limit(kl):
+    # the default phase limit is 900 s; the judge's deadline for a first call is 25 s
+    result = api.run_tests(PROBLEM, kl.helper_candidate("conv_hang"), "cpu", ONE_CHECK, kl.settings)
+
+    assert result.status == Status.timeout, result.message
+    assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 60, result.sandbox
+    assert "no answer within 25 s" in result.message and "shape small" in result.message, result.message
+
+
 def test_stdout_flood_is_capped_and_the_job_keeps_its_status(kl):
     code = kl.helper_candidate(
         "conv_correct",

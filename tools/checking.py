@@ -47,6 +47,15 @@ def relative_max_error(got: torch.Tensor, truth: torch.Tensor) -> float:
     return (got.double() - truth).abs().max().item() / (scale or 1.0)
 
 
+def max_relative_difference(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """max|got - expected| / max|expected|, in the tensors' own precision (one pass on the device, no copy):
+    NaN when either holds a NaN, so `not error <= tolerance` fails it."""
+    if not expected.numel():
+        return 0.0
+    scale = expected.abs().max()
+    return ((got - expected).abs().max() / torch.where(scale > 0, scale, torch.ones_like(scale))).item()
+
+
 def compare(got: torch.Tensor, truth: torch.Tensor, tolerance: float) -> ShapeCheck:
     """Error statistics of one output tensor against its float64 truth. Shape and seed are filled by the caller."""
     got64 = got.detach().double()
