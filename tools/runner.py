@@ -62,7 +62,6 @@ class Runner:
         self.wants_gpu = False
         self.reset_l2 = lambda: None
         self.launch_overhead_ms = 0.0
-        self.flush_buffer: torch.Tensor | None = None
         self.observing = False
         self.ops: set[str] = set()
         self.observer_stopped = False
@@ -103,8 +102,7 @@ class Runner:
             return Started(error=f"the problem failed to load: {exc}")
         if has_gpu:
             self.reset_l2 = l2_cache.persisting_reset()
-            self.flush_buffer = _flush_buffer(self.device)
-            self.launch_overhead_ms = _launch_overhead_ms(self.flush_buffer)
+            self.launch_overhead_ms = _launch_overhead_ms(_flush_buffer(self.device))
         if has_gpu:
             return Started(device=torch.cuda.get_device_name(self.device))
         return Started(
@@ -228,10 +226,8 @@ class Runner:
         gpu = self.device.type == "cuda"
         try:
             with torch.no_grad():
-                if request.timed and self.flush_buffer is not None:
-                    # the judge has flushed L2 already; this write right before the call keeps the GPU's
-                    # clocks up, as in the launch-overhead calibration
-                    self.flush_buffer.zero_()
+                if request.timed and gpu:
+                    # the judge flushed L2 just before asking; a second flush here measured slower on the H200
                     self.reset_l2()
                     _synchronize()
                     start, end = _Event(enable_timing=True), _Event(enable_timing=True)
@@ -284,8 +280,8 @@ def _flush_buffer(device: torch.device) -> torch.Tensor:
 
 
 def _launch_overhead_ms(flush_buffer: torch.Tensor) -> float:
-    """What bracketing a call with device-wide synchronizes adds, measured on a one-element kernel after
-    the same L2-sized write that precedes a timed call."""
+    """What bracketing a call with device-wide synchronizes adds, measured on a one-element kernel, each
+    sample after an L2-sized write (the judge's flush precedes every timed call; the GPU's clocks are up)."""
     one = torch.zeros(1, device=flush_buffer.device)
     samples = []
     for _ in range(30):
