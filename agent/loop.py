@@ -12,7 +12,10 @@ run's meta after every step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,7 @@ class RunLoop:
         self.reserved = 0
         self.done: dict[int, ProposerDone] = {}
         self.fatal: str | None = None
+        self.interrupted = False
         self.rejections_in_a_row = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._started = time.monotonic()
@@ -93,12 +97,17 @@ class RunLoop:
         status, reason = "finished", ""
         tasks = [asyncio.create_task(self._guarded(t), name=f"trajectory-{t}") for t in range(self.config.parallel)]
         self._tasks = tasks
-        try:
-            await asyncio.gather(*tasks, return_exceptions=True)  # a trajectory cancelled by a failing one is no error
-        except asyncio.CancelledError:  # the run itself was cancelled: Ctrl-C
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        with self._ctrl_c_stops(tasks):
+            try:
+                await asyncio.gather(
+                    *tasks, return_exceptions=True
+                )  # a trajectory cancelled by a failing one is no error
+            except asyncio.CancelledError:  # the run itself was cancelled
+                self.interrupted = True
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        if self.interrupted:
             status, reason = "interrupted", "interrupted (Ctrl-C): the run is marked interrupted"
         if status == "finished":
             if self.fatal is not None:
@@ -106,6 +115,29 @@ class RunLoop:
             else:
                 reason = self._end_reason()
         return await self._finish(status, reason)
+
+    @contextlib.contextmanager
+    def _ctrl_c_stops(self, tasks: list[asyncio.Task[None]]) -> Iterator[None]:
+        """Ctrl-C cancels the trajectories and sets a flag they check between steps, so the run stops even
+        when a cancellation lands where a library swallows it (e.g. inside a shielded connection close)."""
+
+        def interrupt() -> None:
+            self.interrupted = True
+            for task in tasks:
+                task.cancel()
+
+        loop = asyncio.get_running_loop()
+        previous = signal.getsignal(signal.SIGINT)
+        try:
+            loop.add_signal_handler(signal.SIGINT, interrupt)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+            yield
+            return
+        try:
+            yield
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+            signal.signal(signal.SIGINT, previous)
 
     # --------------------------------------------------------------------------------- trajectory
     async def _guarded(self, trajectory: int) -> None:
@@ -122,7 +154,7 @@ class RunLoop:
                     task.cancel()
 
     async def _trajectory(self, trajectory: int) -> None:
-        while self.fatal is None:
+        while self.fatal is None and not self.interrupted:
             if not self._reserve():
                 return
             try:
