@@ -67,6 +67,11 @@ class BodySizeLimit:
             if not message.get("more_body", False):
                 break
         body, delivered = b"".join(chunks), False
+        content_type = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1")
+        unreadable = _encoding_problem(body, content_type) or _number_problem(body)
+        if unreadable is not None:  # a parse error, named: 400 like malformed JSON
+            await error_response(400, unreadable)(scope, receive, send)
+            return
         problem = _text_problem(body)
         if problem is not None:
             await error_response(422, problem)(scope, receive, send)
@@ -153,6 +158,70 @@ def _text_problem(body: bytes) -> ErrorBody | None:
             )
         except (ValueError, RecursionError):
             return None  # not JSON: the endpoint's own parsing says so
+    return None
+
+
+CHARSET = re.compile(r"charset\s*=\s*\"?([^\s;\"]+)", re.IGNORECASE)
+
+
+def _encoding_problem(body: bytes, content_type: str) -> ErrorBody | None:
+    """A body that is not UTF-8, or says it is in another charset: JSON is UTF-8 (RFC 8259)."""
+    declared = CHARSET.search(content_type)
+    if declared and declared.group(1).lower().replace("_", "-") not in ("utf-8", "utf8"):
+        return ErrorBody(
+            error="unsupported_charset",
+            message=f"the body is declared as {declared.group(1)}; this API reads JSON as UTF-8 only",
+            field="header.content-type",
+            fix="encode the body as UTF-8 and send Content-Type: application/json (no charset, or charset=utf-8)",
+        )
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return ErrorBody(
+            error="invalid_encoding",
+            message=f"the body is not UTF-8: byte {exc.start} is 0x{body[exc.start]:02x}",
+            field="body",
+            fix="encode the body as UTF-8 (JSON's only encoding); escape other characters as \\uXXXX if need be",
+        )
+    return None
+
+
+MAX_INTEGER_DIGITS = 4300  # what Python's int() takes from text by default (sys.int_info.default_max_str_digits)
+
+
+class _LongInteger:
+    def __init__(self, digits: str):
+        self.digits = digits
+
+
+def _number_problem(body: bytes) -> ErrorBody | None:
+    """An integer literal too long to read, named by where it is in the body."""
+    if not re.search(rb"\d{%d}" % (MAX_INTEGER_DIGITS + 1), body):
+        return None
+    try:
+        parsed = json.loads(body, parse_int=lambda s: int(s) if len(s) <= MAX_INTEGER_DIGITS else _LongInteger(s))
+    except (ValueError, RecursionError):
+        return None  # not JSON: the endpoint's own parsing says so
+    found = _find_long_integer(parsed, "body")
+    if found is None:
+        return None
+    where, number = found
+    return ErrorBody(
+        error="number_too_long",
+        message=f"{where} is an integer of {len(number.digits.lstrip('-'))} digits, over {MAX_INTEGER_DIGITS}",
+        field=where,
+        fix="send a number of sensible size; ids and counts of this API fit in 64 bits",
+    )
+
+
+def _find_long_integer(node: Any, where: str) -> tuple[str, _LongInteger] | None:
+    if isinstance(node, _LongInteger):
+        return where, node
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in children:
+        found = _find_long_integer(value, f"{where}.{key}")
+        if found is not None:
+            return found
     return None
 
 

@@ -650,6 +650,33 @@ def test_malformed_json_and_oversize_bodies(api: httpx.Client) -> None:
     _error(api.post("/v1/compile", content=chunks(), headers={"Content-Type": "application/json"}), 413, "body")
 
 
+def test_bodies_that_cannot_be_read_get_a_400_naming_the_field(api: httpx.Client) -> None:
+    """Non-UTF-8 bytes, a declared latin-1 charset and a 5000-digit integer used to get a bare
+    "There was an error parsing the body" with no field and no fix."""
+    json_type = {"Content-Type": "application/json"}
+    not_utf8 = _error(
+        api.post("/v1/compile", content=b'{"problem": "causal_conv1d", "code": "\xff\xfe"}', headers=json_type),
+        400,
+        "body",
+    )
+    assert not_utf8["error"] == "invalid_encoding" and "0xff" in not_utf8["message"] and not_utf8["fix"]
+    latin1 = '{"problem": "causal_conv1d", "code": "caf\u00e9"}'.encode("latin-1")
+    declared = _error(
+        api.post("/v1/compile", content=latin1, headers={"Content-Type": "application/json; charset=latin-1"}),
+        400,
+        "header.content-type",
+    )
+    assert declared["error"] == "unsupported_charset" and "UTF-8" in declared["fix"]
+    huge = b'{"problem": "causal_conv1d", "config": {"n": ' + b"7" * 5000 + b"}}"
+    number = _error(api.post("/v1/runs", content=huge, headers=json_type), 400, "body.config.n")
+    assert number["error"] == "number_too_long" and "5000 digits" in number["message"]
+    run_id = b'{"problem": "causal_conv1d", "code": "x", "run_id": -' + b"1" * 4400 + b"}"
+    _error(api.post("/v1/compile", content=run_id, headers=json_type), 400, "body.run_id")
+    # a long run of digits inside a string is text, not a number: the request goes on to validation
+    digits_in_code = {"problem": "causal_conv1d", "code": "1" * 5000, "bakend": "cpu"}
+    _error(api.post("/v1/compile", json=digits_in_code), 422, "body.bakend")
+
+
 def test_unknown_routes_and_methods_answer_json(api: httpx.Client) -> None:
     assert _error(api.get("/v1/nothing"), 404)["error"] == "not_found"
     assert _error(api.delete("/v1/problems"), 405)["error"] == "method_not_allowed"
