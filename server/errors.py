@@ -8,6 +8,7 @@ with its traceback and answered without internals.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -104,6 +105,16 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
     )
 
 
+def _allowed_methods(request: Request, fallback: str) -> list[str]:
+    """Every method the API documents for this path (Starlette's own 405 names only the first route's)."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, request.url.path):
+            methods |= {method.upper() for method in operations}
+    return sorted(methods) or [m.strip() for m in fallback.split(",") if m.strip()]
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -122,11 +133,13 @@ def install(app: FastAPI) -> None:
                 fix="GET /docs or /openapi.json lists the endpoints",
             )
         elif exc.status_code == 405:
+            allowed = _allowed_methods(request, (getattr(exc, "headers", None) or {}).get("Allow", ""))
             body = ErrorBody(
                 error="method_not_allowed",
                 message=f"{request.method} is not allowed on {request.url.path}",
-                fix="see /openapi.json for the methods this path takes",
+                fix=f"use {', '.join(allowed)} on this path (see /openapi.json)",
             )
+            return error_response(405, body, {"Allow": ", ".join(allowed)})
         else:
             body = ErrorBody(error="http_error", message=str(exc.detail))
         return error_response(exc.status_code, body, getattr(exc, "headers", None))

@@ -679,7 +679,11 @@ def test_bodies_that_cannot_be_read_get_a_400_naming_the_field(api: httpx.Client
 
 def test_unknown_routes_and_methods_answer_json(api: httpx.Client) -> None:
     assert _error(api.get("/v1/nothing"), 404)["error"] == "not_found"
-    assert _error(api.delete("/v1/problems"), 405)["error"] == "method_not_allowed"
+    not_allowed = api.delete("/v1/problems")
+    assert _error(not_allowed, 405)["error"] == "method_not_allowed"
+    # every method of the path, not only the first route's (RFC 9110: Allow lists what the target supports)
+    assert not_allowed.headers["allow"] == "GET, POST", not_allowed.headers
+    assert api.put(f"/v1/runs/{2**40}").headers["allow"] == "GET, PATCH"
     _error(api.get("/v1/jobs/0"), 422, "path.job_id")
     _error(api.get("/v1/jobs/123456789"), 404, "path.job_id")
     _error(api.get("/v1/jobs/123456789/events"), 404, "path.job_id")
