@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from kernelloop.server import errors
+from kernelloop.server import docs_page, errors
 from kernelloop.server.devices import gpu_lane_ids
 from kernelloop.server.executor import Executor, LocalExecutor
 from kernelloop.server.limits import BodySizeLimit, LoopbackOnly
@@ -73,9 +73,12 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
         version=meta.package_version(),
         lifespan=lifespan,
         description="Build, test and time GPU kernels (KernelBench format) honestly, and keep the history.",
+        docs_url=None,  # served by docs_page from installed files, not a CDN
+        redoc_url=None,
     )
     app.state.service = service
     errors.install(app)
+    docs_page.install(app)
     for router in (tools.router, jobs.router, problems.router, history.router, meta.router):
         app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

@@ -7,6 +7,7 @@ every later job finds the build in the shared cache. Each bad input gets a 4xx n
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -675,6 +676,18 @@ def test_bodies_that_cannot_be_read_get_a_400_naming_the_field(api: httpx.Client
     # a long run of digits inside a string is text, not a number: the request goes on to validation
     digits_in_code = {"problem": "causal_conv1d", "code": "1" * 5000, "bakend": "cpu"}
     _error(api.post("/v1/compile", json=digits_in_code), 422, "body.bakend")
+
+
+def test_docs_page_loads_everything_from_this_service(api: httpx.Client) -> None:
+    """/docs used Swagger UI from a CDN: blank on a host without internet. Every script, style and icon it
+    names must come from this service, and answer."""
+    page = api.get("/docs")
+    assert page.status_code == 200 and "swagger-ui" in page.text
+    links = re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", page.text)
+    assert any(link.endswith("swagger-ui-bundle.js") for link in links), links
+    for link in links:
+        assert link.startswith("/"), f"/docs loads {link} from elsewhere"
+        assert api.get(link).status_code == 200, link
 
 
 def test_unknown_routes_and_methods_answer_json(api: httpx.Client) -> None:
