@@ -169,6 +169,17 @@ def test_os_exit_in_forward_is_runtime_error(kl):
     assert "exit code 0" in result.message and "shape small" in result.message
 
 
+def test_the_time_budget_caps_sampling_whatever_min_samples_asks(kl):
+    # min_samples 1000 of a naive kernel (a few hundred ms a call) once held a CPU lane for minutes
+    options = EvalOptions(min_samples=1000, max_samples=1000, time_budget_s=0.5)
+    result = api.benchmark(PROBLEM, kl.helper_candidate("conv_correct"), "cpu", options, kl.settings)
+
+    assert result.status == Status.passed, result.message
+    timing = result.shapes[0].candidate
+    assert timing is not None and 3 <= timing.n < 10, timing
+    assert result.sandbox.wall_seconds < 60, result.sandbox
+
+
 def test_output_cached_by_input_pointer_is_caught_by_benchmark(kl):
     # right the first time it sees a buffer, then replays that answer: timed inputs are redrawn in place
     code = kl.helper_candidate(

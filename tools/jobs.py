@@ -24,8 +24,12 @@ class EvalOptions(BaseModel):
         None, gt=0, le=3600, description="wall-clock limit of the worker; default per phase"
     )
     compare_torch_compile: bool = Field(False, description="benchmark: also time torch.compile(Model)")
-    time_budget_s: float = Field(2.0, gt=0, le=60, description="benchmark: seconds of timing per shape")
-    min_samples: int = Field(25, ge=3, le=1000, description="benchmark: timed calls per shape at least")
+    time_budget_s: float = Field(
+        2.0, gt=0, le=60, description="benchmark: seconds of timing per shape, a cap (3 timed calls are always made)"
+    )
+    min_samples: int = Field(
+        25, ge=3, le=1000, description="benchmark: timed calls per shape at least, as far as the time budget allows"
+    )
     max_samples: int = Field(500, ge=3, le=100000, description="benchmark: timed calls per shape at most")
 
     @model_validator(mode="after")

@@ -2,8 +2,9 @@
 
 Subjects alternate sample by sample (the order reversed every other round), so clock and thermal drift
 hit them alike; `before_round(i)` redraws input set `i` before each round and `after_round(i)` checks its
-outputs. Sampling stops when every subject's standard error is under `target_rel_se` of its mean, or the
-time budget is spent (within `min_samples` and `max_samples`).
+outputs. Sampling stops when every subject's standard error is under `target_rel_se` of its mean (after
+`min_samples`), at `max_samples`, or when the time budget is spent: the budget is a cap, so no caller can
+hold a lane longer by asking for many samples (three samples are taken whatever the budget).
 
 The judge times what it trusts (the reference, torch.compile of it) itself, as `triton.testing.do_bench`
 does: a short GPU spin lets the host launch ahead, then start event, call, end event. Before every sample
@@ -25,6 +26,7 @@ from kernelloop.tools import l2_cache
 from kernelloop.tools.results import Timing
 
 SLEEP_CYCLES = 1_000_000  # about 0.5 ms at Hopper's clocks
+MIN_SAMPLES_UNDER_CAP = 3  # a median needs a few samples, even when one call outlasts the time budget
 
 
 def summarize(samples_ms: list[float]) -> Timing:
@@ -106,10 +108,12 @@ def measure(
     while True:
         one_round(rounds, keep=True)
         rounds += 1
+        if rounds >= max_samples:
+            break
+        if time.monotonic() > deadline and rounds >= MIN_SAMPLES_UNDER_CAP:  # the budget is a cap
+            break
         if rounds < min_samples:
             continue
-        if rounds >= max_samples or time.monotonic() > deadline:
-            break
         if all(_relative_standard_error(s) < target_rel_se for s in samples.values()):
             break
     return samples
