@@ -7,6 +7,7 @@ caller always gets a result object and never an exception for anything the submi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
@@ -107,6 +108,7 @@ def run_phase(
             build_dir=str(folder.build_seen_by_worker),
             cache_key=key,
             cache_hit=restored[0],
+            sent_at=time.time(),
         )
 
     def on_reply(reply: WorkerReply) -> None:

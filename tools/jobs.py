@@ -54,6 +54,7 @@ class WorkerJob(BaseModel):
     build_dir: str = Field(description="TORCH_EXTENSIONS_DIR for this source: the build cache entry")
     cache_key: str
     cache_hit: bool
+    sent_at: float = Field(description="time.time() when the caller handed the job over: the worker's start-up")
 
 
 class WorkerReply(BaseModel):

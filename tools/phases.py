@@ -19,7 +19,8 @@ import os
 import secrets
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +34,7 @@ from kernelloop.tools.problems import ShapeSpec, import_problem_module
 from kernelloop.tools.results import (
     BenchmarkResult,
     CompileResult,
+    PhaseResult,
     ShapeBenchmark,
     ShapeCheck,
     Status,
@@ -49,10 +51,11 @@ from kernelloop.tools.runner_messages import (
     Observed,
     Prepare,
     Prepared,
+    SharedTensor,
     Start,
     Started,
 )
-from kernelloop.tools.shared_tensors import SharedArena, SharedTensor
+from kernelloop.tools.shared_tensors import SharedArena
 
 Report = Callable[[Any], None]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -86,6 +89,7 @@ class Session:
     device: torch.device
     problem_module: ModuleType
     dtype: torch.dtype
+    launch_overhead_ms: float = 0.0
     calls_made: int = 0
     ops: set[str] = field(default_factory=set)
 
@@ -105,6 +109,17 @@ class Session:
 
     def forbidden(self) -> list[str]:
         return sorted(op for op in self.ops if any(fnmatch.fnmatchcase(op, p) for p in self.job.problem.forbidden_ops))
+
+
+@contextmanager
+def _step(result: PhaseResult, name: str) -> Iterator[None]:
+    """Add the time spent inside to `result.step_seconds[name]`, so every result says where its time went."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        spent = result.step_seconds.get(name, 0.0) + time.perf_counter() - started
+        result.step_seconds[name] = round(spent, 3)
 
 
 def _device(job: WorkerJob) -> torch.device:
@@ -141,7 +156,8 @@ def _start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileRes
     result = _blank_compile(job)
     try:
         problem_module = import_problem_module(Path(job.problem.path))
-        started = link.ask(Start(problem_path=job.problem.path, backend=job.backend), Started, 120)
+        with _step(result, "runner_start"):
+            started = link.ask(Start(problem_path=job.problem.path, backend=job.backend), Started, 120)
     except RunnerFailed as exc:
         result.status, result.message = Status.sandbox_error, f"the runner did not start: {exc}"
         return result, None
@@ -153,7 +169,10 @@ def _start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileRes
         return result, None
     device = _device(job)
     result.device = started.device
-    session = Session(job, link, report, device, problem_module, DTYPES.get(job.problem.dtype, torch.float32))
+    session = Session(
+        job, link, report, device, problem_module, DTYPES.get(job.problem.dtype, torch.float32),
+        launch_overhead_ms=started.launch_overhead_ms,
+    )  # fmt: skip
     return result, session
 
 
@@ -172,7 +191,8 @@ def _load(session: Session, result: CompileResult) -> CompileResult:
         compile_only=job.phase == "compile",
     )
     try:
-        loaded = session.link.ask(request, Loaded, None).compile
+        with _step(result, "load"):
+            loaded = session.link.ask(request, Loaded, None).compile
     except RunnerFailed as exc:
         result.status = Status.timeout if exc.how == "timeout" else Status.runtime_error
         result.message = f"{exc} while building or importing the submission"
@@ -181,7 +201,7 @@ def _load(session: Session, result: CompileResult) -> CompileResult:
     loaded.problem, loaded.backend, loaded.cache_key, loaded.cache_hit = (
         job.problem.name, job.backend, job.cache_key, job.cache_hit,
     )  # fmt: skip
-    loaded.device = result.device
+    loaded.device, loaded.step_seconds = result.device, result.step_seconds
     return loaded
 
 
@@ -219,6 +239,7 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
         device=compiled.device,
         compile=compiled,
         tolerance=job.problem.tolerance,
+        step_seconds=compiled.step_seconds,
     )
     if session is None or compiled.status != Status.passed:
         return result
@@ -229,7 +250,8 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
             result.message = f"checking shape {shape.name}, seed {seed}"
             report(result)  # should the judge die in this check, the caller can name the shape
             try:
-                check = _check_one(session, shape, seed, result)
+                with _step(result, "checks"):
+                    check = _check_one(session, shape, seed, result)
             except (Fail, RunnerFailed) as exc:
                 failure = _as_failure(exc, "in forward")
                 check = ShapeCheck(shape=shape.name, seed=seed, status=failure.status, message=failure.message)
@@ -407,6 +429,7 @@ def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> Benchma
         backend=job.backend,
         device=compiled.device,
         compile=compiled,
+        step_seconds=compiled.step_seconds,
         timing_method=(
             "cuda events, L2 flush and persisting-L2 reset, interleaved, median; the candidate in its own "
             "process bracketed by device-wide syncs, every output checked, its time checked against the "
@@ -419,12 +442,15 @@ def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> Benchma
     if session is None:
         return result
     _set_precision_policy(job.problem.tolerance.allow_tf32)
+    result.call_overhead_ms = session.launch_overhead_ms if session.device.type == "cuda" else None
     shapes = _selected(job.problem.benchmark_shapes(job.backend), job.options.shapes)
     try:
-        overheads = {shape.name: _calibrate(session, shape) for shape in shapes}  # before the candidate's import
+        with _step(result, "calibrate"):  # before the candidate's import
+            overheads = {shape.name: _calibrate(session, shape) for shape in shapes}
     except (Fail, RunnerFailed) as exc:
         result.status, result.message = Status.sandbox_error, f"calibrating the envelope failed: {exc}"
         return result
+    compiled.step_seconds = result.step_seconds
     compiled = result.compile = _load(session, compiled)
     result.status, result.message, result.device = compiled.status, compiled.message, compiled.device
     if compiled.status != Status.passed:
@@ -434,7 +460,7 @@ def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> Benchma
     clock = timing.Clock(session.device)
     for shape in shapes:
         try:
-            entry = _benchmark_one(session, clock, shape, overheads[shape.name], peaks)
+            entry = _benchmark_one(session, clock, shape, overheads[shape.name], peaks, result)
         except (Fail, RunnerFailed) as exc:
             failure = _as_failure(exc, "in a timed forward")
             entry = ShapeBenchmark(shape=shape.name, status=failure.status, message=failure.message)
@@ -488,25 +514,6 @@ def _calibrate(session: Session, shape: ShapeSpec) -> float:
     return statistics.median(gaps[2:])
 
 
-def _audit(
-    session: Session,
-    *,
-    n_sets: int,
-    redraw: Callable[[int], None],
-    reference: Callable[[int], float],
-    check: Callable[[int], None],
-) -> None:
-    """After the timed calls, one observed call per input set, its output checked like the others: the
-    operator observer watches untimed calls only (its cost would distort the timing)."""
-    for set_index in range(n_sets):
-        redraw(set_index)
-        reference(set_index)
-        called = session.ask_call(Call(input_set=set_index, slot=set_index, timed=False), 1.0)
-        _answered(called, "an observed forward after the timed calls")
-        check(set_index)
-    session.observe()
-
-
 @dataclass
 class _Tally:
     """The candidate's reported times and the judge's envelopes, call by call."""
@@ -517,7 +524,12 @@ class _Tally:
 
 
 def _benchmark_one(
-    session: Session, clock: timing.Clock, shape: ShapeSpec, overhead_ms: float, peaks: devices.DevicePeaks | None
+    session: Session,
+    clock: timing.Clock,
+    shape: ShapeSpec,
+    overhead_ms: float,
+    peaks: devices.DevicePeaks | None,
+    result: BenchmarkResult,
 ) -> ShapeBenchmark:
     job, device = session.job, session.device
     tol = job.problem.tolerance.max_rel_error
@@ -579,16 +591,17 @@ def _benchmark_one(
 
     subjects = {name: trusted(name) for name in subjects_trusted}
     subjects["candidate"] = remote
-    samples = timing.measure(
-        subjects,
-        before_round=redraw,
-        after_round=check_round,
-        n_sets=len(private_sets),
-        budget_s=job.options.time_budget_s,
-        min_samples=job.options.min_samples,
-        max_samples=job.options.max_samples,
-    )
-    _audit(session, n_sets=len(private_sets), redraw=redraw, reference=subjects["reference"], check=check_round)
+    with _step(result, "timing"):
+        samples = timing.measure(
+            subjects,
+            before_round=redraw,
+            after_round=check_round,
+            n_sets=len(private_sets),
+            budget_s=job.options.time_budget_s,
+            min_samples=job.options.min_samples,
+            max_samples=job.options.max_samples,
+        )
+    session.observe()
     forbidden = session.forbidden()
     if forbidden:
         raise Fail(

@@ -81,6 +81,12 @@ class PhaseResult(BaseModel):
     backend: Backend
     device: str = Field("", description="the device the phase ran on, e.g. 'NVIDIA H200' or 'cpu'")
     sandbox: SandboxReport | None = None
+    step_seconds: dict[str, float] = Field(
+        {},
+        description="where the time went, step by step: worker_start (the sandbox and the judge's interpreter), "
+        "runner_start (the candidate's runner up, beyond the judge's own start), calibrate, load (build, import "
+        "and construction), checks, timing",
+    )
 
     @property
     def ok(self) -> bool:
@@ -183,6 +189,12 @@ class BenchmarkResult(PhaseResult):
     shapes: list[ShapeBenchmark] = []
     geomean_speedup: float | None = None
     timing_method: str = ""
+    call_overhead_ms: float | None = Field(
+        None,
+        description="GPU: subtracted from each of the candidate's timed calls, what bracketing a call costs "
+        "(device-wide synchronizes, the operator observer), measured by the runner on a one-element kernel "
+        "before the candidate was imported; the reference is timed with its launch hidden, as do_bench does",
+    )
 
 
 PhaseResultAny = Annotated[CompileResult | TestResult | BenchmarkResult, Field(discriminator="kind")]

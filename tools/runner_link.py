@@ -49,7 +49,6 @@ class RunnerLink:
             [sys.executable, "-P", "-m", RUNNER_MODULE, str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             close_fds=True,
-            env={**os.environ, "KINETO_LOG_LEVEL": "5"},  # the operator observer's start and stop stay out of the log
         )
         theirs.close()
         self.channel = Channel(ours)

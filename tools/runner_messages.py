@@ -13,7 +13,17 @@ from pydantic import BaseModel, Field
 
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import Backend, CompileResult
-from kernelloop.tools.shared_tensors import SharedTensor
+
+
+class SharedTensor(BaseModel):
+    """How the runner finds one shared tensor (`kernelloop.tools.shared_tensors`): by CUDA IPC handle, or by
+    the index of its memfd among the descriptors that came with the message. Torch-free, like this whole
+    module, so that the judge starts its runner before it spends seconds importing torch."""
+
+    shape: list[int]
+    dtype: str
+    cuda_ipc: list[int | str | bool] | None = Field(None, description="torch's _share_cuda_() tuple, bytes as hex")
+    fd_index: int | None = None
 
 
 class Argument(BaseModel):
@@ -86,6 +96,7 @@ class Started(BaseModel):
     kind: Literal["started"] = "started"
     error: str | None = None
     device: str = ""
+    launch_overhead_ms: float = 0.0
 
 
 class Loaded(BaseModel):

@@ -16,22 +16,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
+
+from kernelloop.tools.runner_messages import SharedTensor
 
 DTYPES = {
     str(dtype).removeprefix("torch."): dtype
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool)
 }
-
-
-class SharedTensor(BaseModel):
-    """How the runner finds one shared tensor: by CUDA IPC handle, or by the index of its memfd among
-    the descriptors that came with the message."""
-
-    shape: list[int]
-    dtype: str
-    cuda_ipc: list[int | str | bool] | None = Field(None, description="torch's _share_cuda_() tuple, bytes as hex")
-    fd_index: int | None = None
 
 
 class SharedArena:

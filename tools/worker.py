@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 
 from kernelloop.tools.jobs import WorkerJob, WorkerReply
@@ -22,6 +23,7 @@ def main() -> None:
     result_fd = int(sys.argv[1])
     job = WorkerJob.model_validate_json(sys.stdin.buffer.read())
     sys.stdin.close()
+    worker_start_s = round(max(0.0, time.time() - job.sent_at), 3)
     make_undumpable()
     os.set_inheritable(result_fd, False)
     link = RunnerLink()
@@ -42,6 +44,7 @@ def main() -> None:
         link.close()
         os._exit(3)
     link.close()
+    result.step_seconds = {"worker_start": worker_start_s, **result.step_seconds}
     send(result, final=True)
     channel.close()
     sys.stdout.flush()
