@@ -64,9 +64,9 @@ CALL_DEADLINE_MIN_S = 10.0
 CALL_DEADLINE_FACTOR = 100.0  # a call may take this many times the reference's time before it counts as hung
 CALIBRATION_CALLS = 12
 # How much shorter than the judge's envelope (less its calibrated overhead) a runner's reported median may be
-# before the timing is `suspicious`. Honest kernels on the H200 leave 0.2-0.55 ms a call unaccounted for (a cost
-# of the judge's GPU work between the candidate's calls that the calibration on the reference does not see),
-# so the GPU margin is coarse: it catches lies of more than 0.6 ms or 5% a call, not subtler ones.
+# before the timing is `suspicious`. Honest kernels on the H200 left -0.11 to 0.30 ms a call unaccounted for (the
+# judge's GPU work between the candidate's calls, which the calibration on the reference sees only in part), so
+# the GPU margin is coarse: it catches lies of more than 0.6 ms or 5% a call, not subtler ones.
 ENVELOPE_MARGIN_MS = {"cuda": 0.6, "cpu": 0.25}
 ENVELOPE_MARGIN_REL = {"cuda": 0.05, "cpu": 0.10}
 
