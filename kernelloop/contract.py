@@ -433,6 +433,7 @@ class QueueDepth(BaseModel):
     cpu: int = Field(description="jobs waiting for a CPU lane")
     gpu: int = Field(description="jobs waiting for a GPU lane")
     running: int
+    problem_checks: int = Field(0, description="registrations waiting for a CPU lane to check their problem file")
 
 
 class DevicesReport(BaseModel):

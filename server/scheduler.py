@@ -3,13 +3,20 @@
 CPU lanes take builds and every step on the cpu backend; each GPU lane takes tests and benchmarks on the
 cuda backend for its own GPU, so two timings never share a device. The queue itself is the database
 (storage.queue): a thread only claims, runs through the executor, and records.
+
+The CPU lanes also run the sandboxed checks of problems being registered (`run_on_cpu_lane`): one at a time per
+lane like any job, ahead of queued jobs, because a client is waiting on each; never more sandboxes at once
+than there are lanes.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
 
 from sqlalchemy import Engine
 from sqlmodel import Session
@@ -22,6 +29,11 @@ from kernelloop.storage.models import utcnow
 from kernelloop.tools.results import PhaseResult
 
 log = logging.getLogger("kernelloop.scheduler")
+T = TypeVar("T")
+
+
+class LanesStopped(RuntimeError):
+    """The service is stopping: work that waited for a lane will not run."""
 
 
 class Scheduler:
@@ -41,6 +53,7 @@ class Scheduler:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._busy: dict[str, int | None] = {lane.name: None for lane in self.lanes}
+        self._cpu_work: deque[tuple[Callable[[], object], Future[object]]] = deque()
 
     def start(self) -> None:
         for lane in self.lanes:
@@ -49,9 +62,32 @@ class Scheduler:
             self._threads.append(thread)
 
     def stop(self) -> None:
-        """Stop taking jobs. A step already running is not waited for: the caller re-queues it."""
+        """Stop taking jobs. A step already running is not waited for: the caller re-queues it. Work waiting
+        for a CPU lane is told it will not run."""
         self._stopping.set()
+        with self._wakeup:
+            while self._cpu_work:
+                self._cpu_work.popleft()[1].set_exception(LanesStopped("the service is stopping"))
         self.wake()
+
+    def run_on_cpu_lane(self, work: Callable[[], T]) -> T:
+        """Run `work` on the next free CPU lane, ahead of queued jobs, and return what it returns (or raise
+        what it raised). Blocks the calling thread until then."""
+        future: Future[object] = Future()
+        with self._wakeup:
+            if self._stopping.is_set():
+                raise LanesStopped("the service is stopping")
+            self._cpu_work.append((work, future))
+            self._wakeup.notify_all()
+        return future.result()  # type: ignore[return-value]
+
+    def cpu_work_waiting(self) -> int:
+        """Problem checks waiting for a CPU lane."""
+        return len(self._cpu_work)
+
+    def _take_cpu_work(self) -> tuple[Callable[[], object], Future[object]] | None:
+        with self._wakeup:
+            return self._cpu_work.popleft() if self._cpu_work else None
 
     def wake(self) -> None:
         """A job was queued: idle lanes look again."""
@@ -67,6 +103,10 @@ class Scheduler:
 
     def _lane_loop(self, lane: Lane) -> None:
         while not self._stopping.is_set():
+            work = self._take_cpu_work() if lane.kind == "cpu" else None
+            if work is not None:
+                self._run_work(*work)
+                continue
             try:
                 job_id = queue.claim_next(self.engine, lane.kind, lane.name)
             except Exception:  # the database is away for a moment: try again later
@@ -77,6 +117,15 @@ class Scheduler:
                     self._wakeup.wait(timeout=self.poll_s)
                 continue
             self._run_step(lane, job_id)
+
+    @staticmethod
+    def _run_work(work: Callable[[], object], future: Future[object]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # the waiting caller gets it; the lane goes on
+            future.set_exception(exc)
 
     def _run_step(self, lane: Lane, job_id: int) -> None:
         self._busy[lane.name] = job_id

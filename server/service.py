@@ -22,7 +22,7 @@ from kernelloop.server.executor import Executor
 from kernelloop.server.limits import RateLimiter
 from kernelloop.server.problem_check import ProblemRejected, check_problem
 from kernelloop.server.redaction import Redactor, service_secrets
-from kernelloop.server.scheduler import Scheduler
+from kernelloop.server.scheduler import LanesStopped, Scheduler
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history, problems, queue
 from kernelloop.storage.models import Attempt, Job, Problem, Run
@@ -130,7 +130,9 @@ class Service:
                     fix="use backend cpu here, or a service with a GPU (GET /v1/devices)",
                 )
             options = request.options or EvalOptions()
-            _check_shapes(problems.spec_of(problem), phase, backend, options)
+            spec = problems.spec_of(problem)
+            _check_shapes(spec, phase, backend, options)
+            _check_lane_bounds(spec, phase, backend, options, self.settings)
             if request.run_id is not None:
                 run = session.get(Run, request.run_id)
                 if run is None:
@@ -200,7 +202,11 @@ class Service:
             if same is not None:
                 return same, False
         try:
-            spec = check_problem(body.name, body.source, self.settings)
+            spec = self.scheduler.run_on_cpu_lane(lambda: check_problem(body.name, body.source, self.settings))
+        except LanesStopped as exc:
+            raise ApiError(
+                503, "stopping", "the service is stopping: the problem was not checked", fix="register it again"
+            ) from exc
         except ProblemRejected as exc:
             raise ApiError(
                 422,
@@ -273,3 +279,40 @@ def _check_shapes(spec: ProblemSpec, phase: JobPhase, backend: Backend, options:
                 field="body.options.shapes",
                 fix=f"add one of: {', '.join(offered)}",
             )
+
+
+def _check_lane_bounds(
+    spec: ProblemSpec, phase: JobPhase, backend: Backend, options: EvalOptions, settings: ServiceSettings
+) -> None:
+    """What one job may ask of a lane: its benchmark's timing (the budget is a cap per shape) within the lane's
+    bound, and a worker time limit no longer than the service's own for the steps it runs."""
+    steps = steps_of(phase)
+    limit_s = max(getattr(settings.sandbox, PHASES[step].timeout_setting) for step in steps)
+    if options.timeout_s is not None and options.timeout_s > limit_s:
+        raise ApiError(
+            422,
+            "timeout_over_lane_bound",
+            f"options.timeout_s {options.timeout_s:g} s is over the {limit_s:g} s this service gives a {phase} step",
+            field="body.options.timeout_s",
+            fix=f"ask for at most {limit_s:g} s, or leave timeout_s out for the service's default",
+        )
+    if "benchmark" not in steps:
+        return
+    shapes = [
+        s for s in spec.benchmark_shapes(backend) if options.shapes is None or s.name in options.shapes
+    ]  # fmt: skip
+    bound_s, variable = (
+        (settings.max_gpu_timing_s, "KERNELLOOP_MAX_GPU_TIMING_S")
+        if backend == "cuda"
+        else (settings.max_cpu_timing_s, "KERNELLOOP_MAX_CPU_TIMING_S")
+    )
+    total_s = options.time_budget_s * len(shapes)
+    if total_s > bound_s:
+        raise ApiError(
+            422,
+            "timing_over_lane_bound",
+            f"options.time_budget_s {options.time_budget_s:g} s x {len(shapes)} benchmark shapes is {total_s:g} s "
+            f"of timing, over the {bound_s:g} s a {backend} lane gives one benchmark ({variable})",
+            field="body.options.time_budget_s",
+            fix=f"ask for at most {bound_s / max(len(shapes), 1):.3g} s per shape, or select fewer shapes",
+        )

@@ -45,6 +45,12 @@ class ServiceSettings(BaseSettings):
         "failed; a clean shutdown does not count",
     )
     problem_check_timeout_s: float = Field(120.0, gt=0, description="sandboxed check of a registered problem")
+    max_gpu_timing_s: float = Field(
+        60.0, gt=0, description="seconds of timing one benchmark may ask of a GPU lane: time_budget_s x its shapes"
+    )
+    max_cpu_timing_s: float = Field(
+        300.0, gt=0, description="seconds of timing one benchmark may ask of a CPU lane: time_budget_s x its shapes"
+    )
 
     @field_validator("api_token")
     @classmethod

@@ -41,7 +41,7 @@ HAS_GPU = gpu_arch() is not None
 
 @pytest.fixture(scope="module")
 def service():
-    svc = ServiceProcess("api").start()
+    svc = ServiceProcess("api", extra_env={"KERNELLOOP_MAX_CPU_TIMING_S": "30"}).start()
     yield svc
     svc.stop()
 
@@ -329,6 +329,14 @@ def test_sse_streams_progress_until_finished(api: httpx.Client) -> None:
     assert replayed == ids[2:]
 
 
+def test_the_event_stream_is_declared_as_text_not_json(api: httpx.Client) -> None:
+    spec = api.get("/openapi.json").json()
+    content = spec["paths"]["/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
+    assert list(content) == ["text/event-stream"], content
+    assert content["text/event-stream"]["schema"]["type"] == "string"
+    assert set(content["text/event-stream"]["x-event-data-schema"]["properties"]) >= {"id", "type", "data"}
+
+
 def test_compile_on_the_cuda_backend_without_a_gpu_builds_only(api: httpx.Client) -> None:
     if HAS_GPU:
         pytest.skip("this machine has a GPU: the GPU-marked test covers the cuda backend")
@@ -592,6 +600,20 @@ def test_bad_submissions_get_a_4xx_naming_the_field(
 ) -> None:
     answer = _error(api.post("/v1/test", json=body), status, field)
     assert words in answer["message"], answer
+
+
+def test_one_job_cannot_hold_a_lane_past_its_bounds(api: httpx.Client) -> None:
+    # timing is capped per shape by time_budget_s; a benchmark's total is bounded per lane (30 s here)
+    body = {"problem": "causal_conv1d", "code": "x", "backend": "cpu", "options": {"time_budget_s": 31}}
+    answer = _error(api.post("/v1/benchmark", json=body), 422, "body.options.time_budget_s")
+    assert "KERNELLOOP_MAX_CPU_TIMING_S" in answer["message"] and "at most" in answer["fix"], answer
+    # the same budget on one shape's test is no timing at all: not refused for it
+    body["options"] = {"time_budget_s": 31, "shapes": ["small"], "seeds": 1}
+    assert api.post("/v1/test", params={"wait": "false"}, json=body).status_code == 202
+    # a worker time limit over the service's own for the step
+    body = {"problem": "causal_conv1d", "code": "x", "backend": "cpu", "options": {"timeout_s": 3600}}
+    answer = _error(api.post("/v1/test", json=body), 422, "body.options.timeout_s")
+    assert "900 s" in answer["message"], answer
 
 
 def _nested(depth: int) -> dict[str, object]:

@@ -34,7 +34,7 @@ def test_ten_concurrent_submissions_none_lost() -> None:
             assert attempts["total"] == 6
             evaluations = sum(len(api.get(f"/v1/attempts/{a['id']}").json()["evaluations"]) for a in attempts["items"])
             assert evaluations == 10
-            assert api.get("/v1/health").json()["queue"] == {"cpu": 0, "gpu": 0, "running": 0}
+            assert api.get("/v1/health").json()["queue"] == {"cpu": 0, "gpu": 0, "running": 0, "problem_checks": 0}
             lanes = {j["id"]: api.get(f"/v1/jobs/{j['id']}/events").text for j in jobs}
         assert any("cpu-0" in text for text in lanes.values()) and any("cpu-1" in text for text in lanes.values())
     finally:
@@ -98,5 +98,49 @@ def test_a_killed_service_accounts_for_every_job_after_restart() -> None:
             attempts = api.get("/v1/attempts", params={"limit": 500}).json()["items"]
             assert {j["attempt_id"] for j in jobs} <= {a["id"] for a in attempts}
             assert all(a["status"] == "passed" for a in attempts if a["id"] in {j["attempt_id"] for j in jobs})
+    finally:
+        service.stop()
+
+
+SLOW_PROBLEM = """
+import time
+import torch
+time.sleep(3)  # loading takes a while: the checks of concurrent registrations overlap unless they queue
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * {scale}
+
+def get_inputs():
+    return [torch.randn(8, 16)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_problem_checks_queue_on_the_cpu_lanes() -> None:
+    service = ServiceProcess("problem-checks", cpu_workers=1).start()
+    try:
+
+        def register(i: int) -> httpx.Response:
+            with service.client() as client:
+                source = SLOW_PROBLEM.format(scale=i + 2)
+                return client.post("/v1/problems", json={"name": f"slow_relu_{i}", "source": source})
+
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            answers = pool.map(register, range(3))
+            with service.client() as api:
+                # one lane: one check runs, the others wait in line and are counted
+                waiting = _wait_for(
+                    lambda: api.get("/v1/devices").json()["queue"]["problem_checks"] >= 1,
+                    timeout_s=30,
+                    what="a problem check waiting for the CPU lane",
+                )
+                assert waiting
+            statuses = [a.status_code for a in answers]
+        assert statuses == [201, 201, 201]
+        with service.client() as api:
+            assert api.get("/v1/devices").json()["queue"]["problem_checks"] == 0
     finally:
         service.stop()

@@ -14,8 +14,6 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -67,7 +65,7 @@ class Runner:
         self.wants_gpu = False
         self.reset_l2 = lambda: None
         self.launch_overhead_ms = 0.0
-        self.records: list[Any] = []  # the observer's raw records since the judge last asked
+        self.observing = False
         self.observer_stopped = False
 
     def serve(self) -> None:
@@ -122,6 +120,8 @@ class Runner:
             cache_hit=request.cache_hit,
         )
         os.environ["TORCH_EXTENSIONS_DIR"] = request.build_dir
+        if self.observing:  # the build and import are not calls: nothing of theirs is the candidate's forward
+            self._stop_observer()
         started = time.perf_counter()
         try:
             module = candidate.import_submission(request.code, Path(request.submission_path))
@@ -200,7 +200,7 @@ class Runner:
             for arguments in request.input_sets
         ]
         self.output_slots = [[open_shared(s, fds, self.device) for s in slot] for slot in request.output_slots]
-        self.records = []  # the reference's own calls (calibration) are not the candidate's
+        self._observe_from_now()  # what the reference's calls (calibration) dispatched is not the candidate's
         return Prepared(parameter_mapping=mapping)
 
     def _launch_overhead_ms(self, flush_buffer: torch.Tensor) -> float:
@@ -209,52 +209,54 @@ class Runner:
         precedes every timed call; the GPU's clocks are up)."""
         one = torch.zeros(1, device=flush_buffer.device)
         samples = []
+        self._observe_from_now()
         for _ in range(30):
             flush_buffer.zero_()
             _synchronize()
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-            with self._observer():
-                start.record()
-                one.add_(1.0)
-                _synchronize()
-                end.record()
+            start.record()
+            one.add_(1.0)
+            _synchronize()
+            end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end))
-        self.records = []
+        self._stop_observer()
         return sorted(samples)[len(samples) // 2]
 
-    def stop_observing(self) -> list[str] | None:
-        """The operators the candidate's calls dispatched since the last ask; None if the observer was
-        tampered with."""
-        ops: set[str] = set()
+    def _observe_from_now(self) -> None:
+        """Start a fresh observation: the profiler's C++ operator callbacks (RecordFunction, below any Python
+        dispatch mode) stay on from here until the judge asks what they saw, so every call in between is
+        observed alike, timed or not, and no call pays to turn them on and off. The legacy profiler, not
+        Kineto's: with a GPU visible, Kineto's first start initializes CUPTI (5.9 s on the H200)."""
+        if self.observing:
+            self._stop_observer()
         try:
-            for record in self.records:
-                ops.update(event.name() for thread in record for event in thread if event.kind() == "push")
-        except Exception:
+            _enable_observer(_OBSERVER_CONFIG)
+            self.observing = True
+        except Exception:  # the candidate left a profiler of its own running
             self.observer_stopped = True
-        self.records = []
-        return None if self.observer_stopped else sorted(ops)
 
-    @contextmanager
-    def _observer(self) -> Iterator[None]:
-        """The profiler's C++ operator callbacks (RecordFunction, below any Python dispatch mode) around a call.
-        The legacy profiler, not Kineto's: with a GPU visible Kineto's first start initializes CUPTI, 5.9 s on
-        the H200; this one starts in microseconds. Its records are only kept here and read when the judge asks
-        (`stop_observing`), so the work a call's envelope includes does not grow with the candidate's op count."""
-        _enable_observer(_OBSERVER_CONFIG)
+    def _stop_observer(self) -> set[str]:
+        self.observing = False
         try:
-            yield
-        finally:
-            try:
-                self.records.append(_disable_observer())
-            except Exception:
-                self.observer_stopped = True
+            records = _disable_observer()
+            return {event.name() for thread in records for event in thread if event.kind() == "push"}
+        except Exception:  # the candidate turned it off (or on again with other settings)
+            self.observer_stopped = True
+            return set()
+
+    def stop_observing(self) -> list[str] | None:
+        """The operators dispatched since the observation started (the candidate's calls, and the runner's copies
+        of their outputs); None if the observer was tampered with. Observing goes on afresh."""
+        ops = self._stop_observer() if self.observing else set()
+        self._observe_from_now()
+        return None if self.observer_stopped else sorted(ops)
 
     # ---- call ------------------------------------------------------------------------------------------
 
     def call(self, request: Call) -> Called:
-        """One forward under the operator observer, timed or not; every call is observed alike (the observer's
-        cost is in the calibrated overhead), so a candidate cannot take another path when it is timed."""
+        """One forward, under the operator observer like every call since `prepare` (its per-operator cost is in
+        the calibrated overhead), so a candidate cannot take another path when it is timed."""
         assert self.model is not None
         model, arguments = self.model, self.input_sets[request.input_set]
         gpu = self.device.type == "cuda"
@@ -266,21 +268,18 @@ class Runner:
                     self.reset_l2()
                     _synchronize()
                     start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-                    with self._observer():
-                        start.record()
-                        output = model(*arguments)
-                        _synchronize()
-                        end.record()
+                    start.record()
+                    output = model(*arguments)
+                    _synchronize()
+                    end.record()
                     end.synchronize()
                     elapsed = max(start.elapsed_time(end) - self.launch_overhead_ms, 0.0)
                 elif request.timed:
-                    with self._observer():
-                        started = _perf_counter()
-                        output = model(*arguments)
-                        elapsed = (_perf_counter() - started) * 1e3
+                    started = _perf_counter()
+                    output = model(*arguments)
+                    elapsed = (_perf_counter() - started) * 1e3
                 else:
-                    with self._observer():
-                        output = model(*arguments)
+                    output = model(*arguments)
                     if gpu:
                         _synchronize()
         except Exception as exc:

@@ -50,7 +50,13 @@ def get_job(job_id: JobId, service: ServiceDep) -> JobPublic:
         200: {
             "description": "Server-Sent Events, one per JobEventPublic: `id`, `event` (its type) "
             "and `data` (its JSON); the stream ends after `finished` or `failed`",
-            "content": {"text/event-stream": {"schema": JobEventPublic.model_json_schema()}},
+            # the body is a text stream, not a JSON document: each event's `data` line is one JobEventPublic
+            "content": {
+                "text/event-stream": {
+                    "schema": {"type": "string", "description": "id:, event: and data: lines, a blank line after each"},
+                    "x-event-data-schema": JobEventPublic.model_json_schema(),
+                }
+            },
         },
         404: {"model": ErrorBody},
         422: {"model": ErrorBody},

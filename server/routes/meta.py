@@ -48,7 +48,7 @@ def _health(service: Service) -> Health:
         auth="token" if service.settings.api_token else "none",
         default_backend=service.default_backend,
         lanes=lanes,
-        queue=QueueDepth(**depth),
+        queue=QueueDepth(**depth, problem_checks=service.scheduler.cpu_work_waiting()),
         problems=names,
         uptime_s=round(time.monotonic() - service.started, 1),
     )
@@ -69,7 +69,8 @@ def _devices(service: Service) -> DevicesReport:
         LaneState(name=lane.name, kind=lane.kind, gpu=lane.gpu, job_id=busy.get(lane.name) or running.get(lane.name))
         for lane in service.scheduler.lanes
     ]
-    return DevicesReport(gpus=gpu_inventory(), lanes=lanes, queue=QueueDepth(**depth))
+    waiting = service.scheduler.cpu_work_waiting()
+    return DevicesReport(gpus=gpu_inventory(), lanes=lanes, queue=QueueDepth(**depth, problem_checks=waiting))
 
 
 @router.get("/devices", response_model=DevicesReport)

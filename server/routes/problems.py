@@ -36,7 +36,7 @@ def get_problem(name: ProblemName, service: ServiceDep, session: SessionDep) -> 
     status_code=201,
     responses={
         200: {"model": ProblemDetail, "description": "the same file was already registered"},
-        **{code: {"model": ErrorBody} for code in (400, 401, 409, 413, 422, 429)},
+        **{code: {"model": ErrorBody} for code in (400, 401, 409, 413, 422, 429, 503)},
     },
 )
 async def register_problem(
