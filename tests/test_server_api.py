@@ -86,7 +86,7 @@ def test_health_says_what_is_running(api: httpx.Client, service: ServiceProcess)
 def test_devices_lists_lanes_and_queue(api: httpx.Client) -> None:
     devices = api.get("/v1/devices").json()
     assert [lane["name"] for lane in devices["lanes"] if lane["kind"] == "cpu"] == ["cpu-0", "cpu-1"]
-    assert set(devices["queue"]) == {"cpu", "gpu", "running"}
+    assert set(devices["queue"]) == {"cpu", "gpu", "running", "problem_checks"}
     assert isinstance(devices["gpus"], list)
 
 
