@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from kernelloop.server import docs_page, errors
+from kernelloop.server import docs_page, errors, openapi
 from kernelloop.server.devices import gpu_lane_ids
 from kernelloop.server.executor import Executor, LocalExecutor
 from kernelloop.server.limits import BodySizeLimit, LoopbackOnly
@@ -79,6 +79,7 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
     app.state.service = service
     errors.install(app)
     docs_page.install(app)
+    openapi.install(app, service.problem_names)
     for router in (tools.router, jobs.router, problems.router, history.router, meta.router):
         app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

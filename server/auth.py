@@ -4,12 +4,13 @@ every read of what was submitted (attempts hold code and logs, jobs their result
 from __future__ import annotations
 
 import secrets
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
+from kernelloop.contract import ErrorBody
 from kernelloop.server.errors import ApiError
 
 bearer = HTTPBearer(
@@ -66,3 +67,7 @@ def _check_token(token: SecretStr | None, credentials: HTTPAuthorizationCredenti
 
 MutationGuard = Annotated[str, Depends(guard_mutation)]
 ReadGuard = Depends(guard_read)
+READ_GUARDED: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "the service has an API token and the request did not carry it"}
+}
+"""The answer a router guarded by ReadGuard may give any request, as its OpenAPI declares it."""

@@ -79,6 +79,10 @@ class Service:
         return "cuda" if "gpu" in self.scheduler.kinds() else "cpu"
 
     # -------------------------------------------------------------------------------- lookups
+    def problem_names(self) -> list[str]:
+        with Session(self.engine) as session:
+            return problems.problem_names(session)
+
     def problem_row(self, session: Session, name: str, field: str) -> Problem:
         row = problems.get_problem(session, name)
         if row is None:

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ONE_CHECK, PROBLEM
 
 from kernelloop.tools import api
@@ -88,6 +89,30 @@ def test_a_hang_in_forward_ends_by_the_call_deadline_not_the_phase_limit(kl):
     assert result.status == Status.timeout, result.message
     assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 60, result.sandbox
     assert "no answer within 25 s" in result.message and "shape small" in result.message, result.message
+
+
+HANGS = {
+    "at_import": "import torch\nwhile True:\n    pass\n",
+    "in_init": (
+        "import torch\n\n"
+        "class ModelNew(torch.nn.Module):\n"
+        "    def __init__(self, *args, **kwargs):\n"
+        "        super().__init__()\n"
+        "        while True:\n"
+        "            pass\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("where", sorted(HANGS))
+def test_a_hang_at_import_or_in_init_ends_without_waiting_for_the_phase_limit(kl, where):
+    # a build may take minutes, so loading has no fixed deadline; Python code that runs 25 s with no build
+    # process under it has hung
+    result = api.compile_kernel(PROBLEM, HANGS[where], "cpu", EvalOptions(), kl.settings)
+
+    assert result.status == Status.timeout, result.message
+    assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 45, result.sandbox
+    assert "no build running for 25 s" in result.message, result.message
 
 
 def test_stdout_flood_is_capped_and_the_job_keeps_its_status(kl):

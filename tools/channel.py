@@ -9,6 +9,7 @@ not parse as the type asked for, or an end of file are `ChannelBroken`; a wait p
 from __future__ import annotations
 
 import array
+import select
 import socket
 import struct
 import time
@@ -44,6 +45,11 @@ class Channel:
             self.sock.sendall(frame)
         except OSError as exc:
             raise ChannelBroken(f"the other side is gone ({exc})") from exc
+
+    def readable(self, timeout_s: float) -> bool:
+        """Whether a message (or the end of the stream) has started to arrive within `timeout_s`."""
+        ready, _, _ = select.select([self.sock], [], [], timeout_s)
+        return bool(ready)
 
     def receive(self, kind: type[Message], timeout_s: float | None) -> tuple[Message, list[int]]:
         """The next message, parsed as `kind`, and the file descriptors that came with it."""

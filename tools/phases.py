@@ -63,6 +63,7 @@ FIRST_CALL_DEADLINE_S = 25.0  # a candidate's first forward may JIT-compile (Tri
 CALL_DEADLINE_MIN_S = 10.0
 CALL_DEADLINE_FACTOR = 100.0  # a call may take this many times the reference's time before it counts as hung
 CALIBRATION_CALLS = 12
+LOAD_IDLE_LIMIT_S = 25.0  # building and importing may take minutes, but not this long with no build running
 # How much shorter than the judge's envelope (less its calibrated overhead) a runner's reported median may be
 # before the timing is `suspicious`. Honest kernels on the H200 left -0.11 to 0.30 ms a call unaccounted for (the
 # judge's GPU work between the candidate's calls, which the calibration on the reference sees only in part), so
@@ -192,7 +193,7 @@ def _load(session: Session, result: CompileResult) -> CompileResult:
     )
     try:
         with _step(result, "load"):
-            loaded = session.link.ask(request, Loaded, None).compile
+            loaded = session.link.ask(request, Loaded, None, idle_limit_s=LOAD_IDLE_LIMIT_S).compile
     except RunnerFailed as exc:
         result.status = Status.timeout if exc.how == "timeout" else Status.runtime_error
         result.message = f"{exc} while building or importing the submission"

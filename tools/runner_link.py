@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -25,6 +26,7 @@ from kernelloop.tools.runner_messages import Reply, ReplyEnvelope, Request, Requ
 
 ReplyT = TypeVar("ReplyT", bound=BaseModel)
 PR_SET_DUMPABLE = 4
+POLL_S = 1.0
 RUNNER_MODULE = "kernelloop.tools.runner"
 
 
@@ -55,13 +57,23 @@ class RunnerLink:
         self.last_envelope_ms = 0.0
 
     def ask(
-        self, request: Request, reply_type: type[ReplyT], timeout_s: float | None, fds: list[int] | None = None
+        self,
+        request: Request,
+        reply_type: type[ReplyT],
+        timeout_s: float | None,
+        fds: list[int] | None = None,
+        *,
+        idle_limit_s: float | None = None,
     ) -> ReplyT:
         """Send one request and wait at most `timeout_s` for its reply; `last_envelope_ms` is the wall time
-        from just before the send to just after the reply, on the judge's clock."""
+        from just before the send to just after the reply, on the judge's clock. With `idle_limit_s`, the
+        wait also ends once the runner has gone that long with no build running (no child process): a build
+        may take minutes, a hang in Python code is cut short."""
         started = time.perf_counter()
         try:
             self.channel.send(RequestEnvelope(request=request), fds)
+            if idle_limit_s is not None:
+                self._wait_while_building(idle_limit_s)
             envelope, stray = self.channel.receive(ReplyEnvelope, timeout_s)
         except ChannelTimeout:
             self.kill()
@@ -81,6 +93,22 @@ class RunnerLink:
             )
         return reply
 
+    def _wait_while_building(self, idle_limit_s: float) -> None:
+        idle_since = time.monotonic()
+        while not self.channel.readable(POLL_S):
+            if self.process.poll() is not None:
+                return  # the receive that follows reports how it ended
+            now = time.monotonic()
+            if _has_children(self.process.pid):
+                idle_since = now
+            elif now - idle_since > idle_limit_s:
+                self.kill()
+                raise RunnerFailed(
+                    "timeout",
+                    f"no answer and no build running for {idle_limit_s:.0f} s (a hang in the submission's "
+                    "Python code, at import or in ModelNew()): the candidate's process was killed",
+                )
+
     def _death(self, why: str) -> str:
         try:
             code = self.process.wait(timeout=5)
@@ -99,3 +127,16 @@ class RunnerLink:
     def close(self) -> None:
         self.kill()
         self.channel.close()
+
+
+def _has_children(pid: int) -> bool:
+    """Whether `pid` has a child process (a compiler, ninja): read from /proc, which in the sandbox's own pid
+    namespace lists a handful of processes."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if len(fields) > 1 and fields[1] == str(pid):
+            return True
+    return False

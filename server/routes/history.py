@@ -20,14 +20,14 @@ from kernelloop.contract import (
     RunStatus,
     RunUpdate,
 )
-from kernelloop.server.auth import MutationGuard, ReadGuard
+from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
 from kernelloop.server.errors import ApiError
 from kernelloop.server.routes.deps import MAX_ID, AttemptId, RunId, ServiceDep, SessionDep
 from kernelloop.storage import history
 from kernelloop.storage.models import Attempt, Run
 from kernelloop.tools.results import Backend
 
-router = APIRouter(prefix="/v1", tags=["history"], dependencies=[ReadGuard])
+router = APIRouter(prefix="/v1", tags=["history"], dependencies=[ReadGuard], responses=READ_GUARDED)
 
 MUTATION_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 413, 422, 429)

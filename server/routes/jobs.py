@@ -11,15 +11,28 @@ from fastapi.responses import StreamingResponse
 from sqlmodel import Session
 
 from kernelloop.contract import ErrorBody, JobEventPublic, JobPublic, JobStatus, Page
-from kernelloop.server.auth import ReadGuard
+from kernelloop.server.auth import READ_GUARDED, ReadGuard
 from kernelloop.server.routes.deps import MAX_ID, JobId, ServiceDep, SessionDep
 from kernelloop.server.service import Service
 from kernelloop.storage import queue
 from kernelloop.storage.models import Job
 
-router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[ReadGuard])
+router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[ReadGuard], responses=READ_GUARDED)
 
 TERMINAL_EVENTS = {"finished", "failed"}
+SSE_EVENT = {
+    "type": "object",
+    "required": ["id", "event", "data"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "the JobEventPublic's id"},
+        "event": {"type": "string", "description": "its type: queued, started, progress, step_finished, ..."},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": JobEventPublic.model_json_schema(),
+        },
+    },
+}
 KEEPALIVE_S = 15.0
 
 
@@ -50,13 +63,9 @@ def get_job(job_id: JobId, service: ServiceDep) -> JobPublic:
         200: {
             "description": "Server-Sent Events, one per JobEventPublic: `id`, `event` (its type) "
             "and `data` (its JSON); the stream ends after `finished` or `failed`",
-            # the body is a text stream, not a JSON document: each event's `data` line is one JobEventPublic
-            "content": {
-                "text/event-stream": {
-                    "schema": {"type": "string", "description": "id:, event: and data: lines, a blank line after each"},
-                    "x-event-data-schema": JobEventPublic.model_json_schema(),
-                }
-            },
+            # the body is a stream of events, not one JSON document: the schema is that of one event, as
+            # SSE clients (and OpenAPI 3.2's itemSchema) read it, its `data` the JSON of a JobEventPublic
+            "content": {"text/event-stream": {"schema": SSE_EVENT}},
         },
         404: {"model": ErrorBody},
         422: {"model": ErrorBody},

@@ -8,12 +8,12 @@ from fastapi import APIRouter, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from kernelloop.contract import ErrorBody, LeaderboardEntry, ProblemCreate, ProblemDetail, ProblemSummary
-from kernelloop.server.auth import MutationGuard, ReadGuard
+from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
 from kernelloop.server.routes.deps import ServiceDep, SessionDep
 from kernelloop.storage import history, problems
 from kernelloop.tools.results import Backend
 
-router = APIRouter(prefix="/v1", tags=["problems"], dependencies=[ReadGuard])
+router = APIRouter(prefix="/v1", tags=["problems"], dependencies=[ReadGuard], responses=READ_GUARDED)
 
 ProblemName = Annotated[str, Path(max_length=200, description="a problem name, e.g. causal_conv1d")]
 
