@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from kernelloop.tools import toolchain
 from kernelloop.tools.results import Backend, TolerancePolicy
 
 PROBLEMS_DIR = Path(__file__).resolve().parent.parent / "reference_problems"
@@ -136,11 +139,30 @@ def _shapes_from_metadata(module: ModuleType, path: Path) -> list[ShapeSpec]:
     return shapes
 
 
-def load_problem_file(path: Path, name: str | None = None) -> ProblemSpec:
-    """Load a KernelBench-format file, with our metadata when it has any."""
+def load_problem_file(path: Path, name: str | None = None, cache_dir: Path | None = None) -> ProblemSpec:
+    """Load a KernelBench-format file, with our metadata when it has any. With `cache_dir`, a spec derived
+    before from the same file (path, name and source) under the same torch is reused without importing it:
+    the import brings in torch, seconds on every command-line call."""
     path = path.resolve()
     if not path.is_file():
         raise ProblemError(f"{path}: no such problem file")
+    if cache_dir is None:
+        return _derive_spec(path, name)
+    key = json.dumps([str(path), name, path.read_text(), toolchain.torch_versions().get("__version__")])
+    cached = cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+    try:
+        return ProblemSpec.model_validate_json(cached.read_bytes())
+    except (OSError, ValueError):
+        pass  # not derived yet, or by another version of this code: derive it again
+    spec = _derive_spec(path, name)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(spec.model_dump_json())
+    partial.replace(cached)  # whole or not at all, for a concurrent reader
+    return spec
+
+
+def _derive_spec(path: Path, name: str | None) -> ProblemSpec:
     module = import_problem_module(path)
     missing = [attr for attr in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, attr)]
     if missing:
@@ -162,16 +184,17 @@ def load_problem_file(path: Path, name: str | None = None) -> ProblemSpec:
     )
 
 
-def load_problem(name_or_path: str) -> ProblemSpec:
-    """A shipped problem by name (`causal_conv1d`), or any KernelBench file by path."""
+def load_problem(name_or_path: str, cache_dir: Path | None = None) -> ProblemSpec:
+    """A shipped problem by name (`causal_conv1d`), or any KernelBench file by path (see load_problem_file
+    for `cache_dir`)."""
     shipped = PROBLEMS_DIR / name_or_path / "problem.py"
     if "/" not in name_or_path and shipped.is_file():
-        return load_problem_file(shipped, name_or_path)
+        return load_problem_file(shipped, name_or_path, cache_dir)
     path = Path(name_or_path)
     if path.is_dir() and (path / "problem.py").is_file():
-        return load_problem_file(path / "problem.py", path.name)
+        return load_problem_file(path / "problem.py", path.name, cache_dir)
     if path.is_file():
-        return load_problem_file(path)
+        return load_problem_file(path, cache_dir=cache_dir)
     raise ProblemError(
         f"unknown problem {name_or_path!r}: give a shipped problem name ({', '.join(shipped_problem_names())}) "
         "or the path of a KernelBench-format file"

@@ -3,7 +3,9 @@ fingerprint of the toolchain for the build cache's key."""
 
 from __future__ import annotations
 
+import ast
 import glob
+import importlib.util
 import os
 import platform
 import shutil
@@ -83,16 +85,37 @@ def _first_line(argv: list[str]) -> str:
     return out[-1] if argv[0].endswith("nvcc") and out else (out[0] if out else "absent")
 
 
+def torch_versions() -> dict[str, object]:
+    """torch's torch/version.py (`__version__`, `cuda`, ...), read from the installed file: importing torch
+    for two strings would cost every command-line call seconds."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return {}
+    values: dict[str, object] = {}
+    for node in ast.parse(Path(spec.origin).with_name("version.py").read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name):
+            try:
+                values[target.id] = ast.literal_eval(value)
+            except ValueError:
+                continue
+    return values
+
+
 @lru_cache(maxsize=1)
 def toolchain_fingerprint(settings_arch: str) -> dict[str, str]:
     """Everything that changes what a build produces; part of the build cache key."""
-    import torch
-
     home = cuda_home()
+    torch_version = torch_versions()
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": str(torch.version.cuda),
+        "torch": str(torch_version.get("__version__", "absent")),
+        "torch_cuda": str(torch_version.get("cuda")),
         "nvcc": _first_line([str(Path(home, "bin", "nvcc")), "--version"]) if home else "absent",
         "cxx": _first_line([os.environ.get("CXX", "c++"), "--version"]),
         "arch": gpu_arch() or settings_arch,

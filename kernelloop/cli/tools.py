@@ -22,6 +22,7 @@ from kernelloop.tools.results import (
     Timing,
     compile_part,
 )
+from kernelloop.tools.settings import get_sandbox_settings
 
 
 def _format_compile(result: CompileResult) -> list[str]:
@@ -106,7 +107,7 @@ def _run_tool(args: argparse.Namespace) -> int:
         print(f"kernelloop: {path}: no such file (give the path of a Python file defining ModelNew)", file=sys.stderr)
         return 2
     try:
-        problem = load_problem(args.problem)
+        problem = load_problem(args.problem, cache_dir=get_sandbox_settings().data_dir / "problem-specs")
     except ProblemError as exc:
         print(f"kernelloop: --problem: {exc}", file=sys.stderr)
         return 2
