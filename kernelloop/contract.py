@@ -306,6 +306,14 @@ class JobLinks(BaseModel):
     attempt: str
 
 
+class StepProgress(BaseModel):
+    """Where a running job is: its current step, for how long, and what its worker last said."""
+
+    step: Phase
+    elapsed_s: float = PydanticField(description="seconds since the step started on its lane")
+    message: str = PydanticField(description="the worker's last report, e.g. 'checking shape small, seed 7'")
+
+
 class JobPublic(BaseModel):
     id: int
     attempt_id: int
@@ -338,6 +346,7 @@ class JobPublic(BaseModel):
     speedup: float | None = PydanticField(
         None, description="the geometric-mean speedup of a passed full-coverage benchmark in this job, else None"
     )
+    current: StepProgress | None = PydanticField(None, description="while the job runs: its step's progress")
     links: JobLinks
 
 

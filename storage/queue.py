@@ -16,7 +16,7 @@ from datetime import datetime
 from sqlalchemy import Engine, func, update
 from sqlmodel import Session, col, select
 
-from kernelloop.contract import JobLinks, JobPublic, JobStatus, LaneKind
+from kernelloop.contract import JobLinks, JobPublic, JobStatus, LaneKind, StepProgress
 from kernelloop.storage.coverage import counted
 from kernelloop.storage.history import parse_result, record_evaluation
 from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, JobEvent, Problem, row_id, utcnow
@@ -357,9 +357,29 @@ def job_public(session: Session, job: Job, *, reused_attempt: bool = False) -> J
         coverage=[v.coverage for v in verdicts if v.coverage is not None],
         correct=next((v.correct for v in reversed(verdicts) if v.correct is not None), None),
         speedup=next((v.speedup for v in reversed(verdicts) if v.speedup is not None), None),
+        current=_current_step(session, job),
         links=JobLinks(
             self=f"/v1/jobs/{job.id}", events=f"/v1/jobs/{job.id}/events", attempt=f"/v1/attempts/{job.attempt_id}"
         ),
+    )
+
+
+def _current_step(session: Session, job: Job) -> StepProgress | None:
+    """A running job's step, from its last `started` event and the progress reported since."""
+    if job.status != JobStatus.running.value:
+        return None
+    latest = (
+        select(JobEvent).where(JobEvent.job_id == job.id).order_by(col(JobEvent.id).desc()).limit(1)
+    )  # fmt: skip
+    started = session.exec(latest.where(JobEvent.type == "started")).first()
+    if started is None:
+        return None
+    progress = session.exec(latest.where(JobEvent.type == "progress", col(JobEvent.id) > row_id(started))).first()
+    message = str(progress.data.get("message") or "") if progress is not None else ""
+    return StepProgress(
+        step=job.steps[job.step_index],
+        elapsed_s=round((utcnow() - started.created_at).total_seconds(), 1),
+        message=message or "starting the sandboxed worker, building and importing the submission",
     )
 
 

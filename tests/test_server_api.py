@@ -333,6 +333,23 @@ def test_sse_streams_progress_until_finished(api: httpx.Client) -> None:
     assert replayed == ids[2:]
 
 
+def test_a_running_job_says_which_step_for_how_long_and_what_its_worker_last_said(api: httpx.Client) -> None:
+    slow = python_conv("import time\ntime.sleep(4)  # a slow import: the job stays in its first step a while")
+    job = api.post("/v1/test", params={"wait": "false"}, json=submission(code=slow, options=QUICK_TEST)).json()
+    deadline = time.monotonic() + 120
+    current = None
+    while current is None and time.monotonic() < deadline:
+        polled = api.get(f"/v1/jobs/{job['id']}").json()
+        current = polled["current"]
+        time.sleep(0.2)
+    assert current is not None, polled
+    assert current["step"] == "test" and current["elapsed_s"] >= 0 and current["message"], current
+    while polled["status"] not in ("finished", "failed") and time.monotonic() < deadline:
+        polled = api.get(f"/v1/jobs/{job['id']}").json()
+        time.sleep(0.5)
+    assert polled["status"] == "finished" and polled["current"] is None, polled
+
+
 def test_the_event_stream_is_declared_as_text_not_json(api: httpx.Client) -> None:
     spec = api.get("/openapi.json").json()
     content = spec["paths"]["/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]

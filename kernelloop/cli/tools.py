@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kernelloop.cli.live_line import LiveLine
 from kernelloop.tools.api import benchmark, default_backend, run_phase, run_tests
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import PHASES
@@ -118,7 +119,9 @@ def _run_tool(args: argparse.Namespace) -> int:
         time_budget_s=args.time_budget,
         timeout_s=args.timeout,
     )
-    result = run_phase(args.phase, problem, path.read_text(), args.backend or default_backend(), options)
+    backend = args.backend or default_backend()
+    with LiveLine(args.phase, sys.stderr) as live:
+        result = run_phase(args.phase, problem, path.read_text(), backend, options, on_progress=live.update)
     print(result.model_dump_json(indent=2) if args.json else format_result(result))
     return 0 if result.status == Status.passed else 1
 
