@@ -1,7 +1,8 @@
 """Inside the worker: compare an output against the float64 ground truth and say how it differs.
 
 An element mismatches when |got - truth| > tolerance * max|truth|: a scale-aware bound that the eager
-reference (cuDNN TF32 or strict fp32) passes with margin, and that any indexing bug fails by far.
+reference (cuDNN TF32 or strict fp32) passes with margin, and that any indexing bug fails by far. Integer
+and boolean outputs are compared exactly.
 """
 
 from __future__ import annotations
@@ -40,7 +41,14 @@ def format_problem(got: Any, expected: list[torch.Tensor]) -> str | None:
     return None
 
 
+def is_exact(tensor: torch.Tensor) -> bool:
+    """Integer and boolean outputs (indices, masks, counts) have no rounding to forgive: compared exactly."""
+    return not (tensor.is_floating_point() or tensor.is_complex())
+
+
 def relative_max_error(got: torch.Tensor, truth: torch.Tensor) -> float:
+    if is_exact(truth):
+        return 0.0 if torch.equal(got.to(truth.dtype), truth) else float("inf")
     scale = truth.abs().max().item() if truth.numel() else 0.0
     if not truth.numel():
         return 0.0
@@ -52,12 +60,16 @@ def max_relative_difference(got: torch.Tensor, expected: torch.Tensor) -> float:
     NaN when either holds a NaN, so `not error <= tolerance` fails it."""
     if not expected.numel():
         return 0.0
+    if is_exact(expected):
+        return 0.0 if torch.equal(got, expected) else float("inf")
     scale = expected.abs().max()
     return ((got - expected).abs().max() / torch.where(scale > 0, scale, torch.ones_like(scale))).item()
 
 
 def compare(got: torch.Tensor, truth: torch.Tensor, tolerance: float) -> ShapeCheck:
     """Error statistics of one output tensor against its float64 truth. Shape and seed are filled by the caller."""
+    if is_exact(truth):
+        return _compare_exactly(got, truth)
     got64 = got.detach().double()
     finite_truth = torch.isfinite(truth)
     nan_count = int((torch.isnan(got64) & finite_truth).sum().item())
@@ -68,13 +80,7 @@ def compare(got: torch.Tensor, truth: torch.Tensor, tolerance: float) -> ShapeCh
     diff = torch.nan_to_num(diff, nan=float("inf"))
     bad = diff > tolerance * (scale or 1.0)
     mismatches = int(bad.sum().item())
-    first = None
-    if mismatches:
-        flat = int(torch.nonzero(bad.flatten(), as_tuple=False)[0].item())
-        index = [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(bad.shape))] if bad.dim() else []
-        first = Mismatch(
-            index=index, got=float(got64.flatten()[flat].item()), expected=float(truth.flatten()[flat].item())
-        )
+    first = _first_mismatch(bad, got64, truth) if mismatches else None
     finite_diff = diff[torch.isfinite(diff)]
     max_abs = float(finite_diff.max().item()) if finite_diff.numel() else 0.0
     truth_norm = truth[finite_truth].norm().item() or 1.0
@@ -105,6 +111,27 @@ def compare(got: torch.Tensor, truth: torch.Tensor, tolerance: float) -> ShapeCh
         nan_count=nan_count,
         inf_count=inf_count,
     )
+
+
+def _first_mismatch(bad: torch.Tensor, got: torch.Tensor, truth: torch.Tensor) -> Mismatch:
+    flat = int(torch.nonzero(bad.flatten(), as_tuple=False)[0].item())
+    index = [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(bad.shape))] if bad.dim() else []
+    return Mismatch(index=index, got=float(got.flatten()[flat].item()), expected=float(truth.flatten()[flat].item()))
+
+
+def _compare_exactly(got: torch.Tensor, truth: torch.Tensor) -> ShapeCheck:
+    bad = got.to(truth.dtype) != truth
+    mismatches = int(bad.sum().item())
+    check = ShapeCheck(shape="", seed=0, status=Status.passed, max_abs_error=0.0, max_rel_error=0.0, rel_l2_error=0.0)
+    if mismatches:
+        first = _first_mismatch(bad, got, truth)
+        check.status, check.mismatches, check.first_mismatch = Status.wrong_result, mismatches, first
+        check.max_rel_error = float("inf")
+        check.message = (
+            f"{mismatches} of {got.numel()} elements differ ({truth.dtype} output, compared exactly); first at "
+            f"{first.index}: got {first.got:g}, expected {first.expected:g}"
+        )
+    return check
 
 
 def compare_outputs(got: Any, truths: list[torch.Tensor], tolerance: float) -> ShapeCheck:

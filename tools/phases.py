@@ -341,8 +341,14 @@ def _prepare(
 
 
 def _poison(slots: list[torch.Tensor]) -> None:
+    """Fill the output buffers with what no kernel computes: NaN, or an integer type's lowest value."""
     for slot in slots:
-        slot.fill_(float("nan")) if slot.is_floating_point() else slot.zero_()
+        if slot.is_floating_point():
+            slot.fill_(float("nan"))
+        elif slot.dtype == torch.bool:
+            slot.zero_()
+        else:
+            slot.fill_(torch.iinfo(slot.dtype).min)
 
 
 def _answered(called: Called, what: str) -> None:
