@@ -54,6 +54,27 @@ class ModelNew(nn.Module):
 """
 
 
+SCALED_RELU_PROBLEM = """\
+import torch
+{prelude}
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * {scale}
+
+def get_inputs():
+    return [torch.randn(8, 16)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def scaled_relu_problem(prelude: str = "", scale: float = 2.0) -> str:
+    """A small KernelBench problem file (no metadata); `prelude` runs at its import."""
+    return SCALED_RELU_PROBLEM.format(prelude=prelude, scale=scale)
+
+
 def python_conv(prelude: str = "", tail: str = "") -> str:
     return PYTHON_CONV.format(prelude=prelude, tail=tail)
 

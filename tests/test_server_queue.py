@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from server_fixtures import QUICK_TEST, ServiceProcess, python_conv, submission
+from server_fixtures import QUICK_TEST, ServiceProcess, python_conv, scaled_relu_problem, submission
 
 
 def test_ten_concurrent_submissions_none_lost() -> None:
@@ -102,21 +102,8 @@ def test_a_killed_service_accounts_for_every_job_after_restart() -> None:
         service.stop()
 
 
-SLOW_PROBLEM = """
-import time
-import torch
-time.sleep(3)  # loading takes a while: the checks of concurrent registrations overlap unless they queue
-
-class Model(torch.nn.Module):
-    def forward(self, x):
-        return torch.relu(x) * {scale}
-
-def get_inputs():
-    return [torch.randn(8, 16)]
-
-def get_init_inputs():
-    return []
-"""
+# loading takes a while: the checks of concurrent registrations overlap unless they queue
+SLOW_IMPORT = "import time\ntime.sleep(3)"
 
 
 def test_problem_checks_queue_on_the_cpu_lanes() -> None:
@@ -125,7 +112,7 @@ def test_problem_checks_queue_on_the_cpu_lanes() -> None:
 
         def register(i: int) -> httpx.Response:
             with service.client() as client:
-                source = SLOW_PROBLEM.format(scale=i + 2)
+                source = scaled_relu_problem(SLOW_IMPORT, scale=i + 2)
                 return client.post("/v1/problems", json={"name": f"slow_relu_{i}", "source": source})
 
         with ThreadPoolExecutor(max_workers=3) as pool:
