@@ -13,13 +13,14 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
-from kernelloop.tools import api
+from kernelloop.tools import api, header_cache
 from kernelloop.tools.api import Progress
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import Phase
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import Backend, PhaseResult
 from kernelloop.tools.settings import SandboxSettings
+from kernelloop.tools.worker_pool import WorkerPool
 
 
 class Lane(BaseModel):
@@ -48,12 +49,17 @@ class Executor(Protocol):
         """Run one step on `lane` and return its verdict; never raises for anything the code does."""
         ...
 
+    def close(self) -> None:
+        """Release what the executor holds between steps (the service is stopping)."""
+        ...
+
 
 class LocalExecutor:
     """Sandboxed worker processes on this host: `cpu_workers` CPU lanes and one lane per GPU.
 
     A GPU lane's worker sees only its GPU (CUDA_VISIBLE_DEVICES), so two timings never share a device;
-    a CPU lane's worker sees no GPU at all, so builds never touch one.
+    a CPU lane's worker sees no GPU at all, so builds never touch one. Each lane's next worker is started
+    while it runs a step (`WorkerPool`), so a step's worker is ready when the step comes.
     """
 
     def __init__(self, settings: SandboxSettings, gpus: list[str], cpu_workers: int | None = None):
@@ -61,6 +67,8 @@ class LocalExecutor:
         count = cpu_workers or os.cpu_count() or 1
         self._lanes = [Lane(name=f"cpu-{i}", kind="cpu") for i in range(count)]
         self._lanes += [Lane(name=f"gpu-{i}", kind="gpu", gpu=gpu) for i, gpu in enumerate(gpus)]
+        self.pool = WorkerPool(settings.prestart_workers)
+        header_cache.build_in_background(settings)
 
     def lanes(self) -> list[Lane]:
         return list(self._lanes)
@@ -68,4 +76,9 @@ class LocalExecutor:
     def run(self, step: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
         visible = lane.gpu if lane.kind == "gpu" and lane.gpu is not None else ""
         settings = self.settings.model_copy(update={"worker_gpus": visible})
-        return api.run_phase(step.phase, step.problem, step.code, step.backend, step.options, settings, on_progress)
+        return api.run_phase(
+            step.phase, step.problem, step.code, step.backend, step.options, settings, on_progress, self.pool
+        )
+
+    def close(self) -> None:
+        self.pool.close()

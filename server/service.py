@@ -65,6 +65,7 @@ class Service:
 
     def stop(self) -> None:
         self.scheduler.stop()
+        self.executor.close()
         stopped = queue.requeue_running(
             self.engine,
             max_interruptions=self.settings.max_job_interruptions,

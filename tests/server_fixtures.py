@@ -130,6 +130,8 @@ class ServiceProcess:
             KERNELLOOP_PROBLEMS_DIR=str(self.problems_dir),
             KERNELLOOP_CPU_WORKERS=str(cpu_workers),
             KERNELLOOP_RATE_LIMIT_PER_MINUTE=str(rate_limit),
+            KERNELLOOP_PRESTART_WORKERS=os.environ["KERNELLOOP_PRESTART_WORKERS"],
+            KERNELLOOP_PRECOMPILED_HEADERS=os.environ["KERNELLOOP_PRECOMPILED_HEADERS"],
             PYTHONUNBUFFERED="1",
         )
         if token is not None:

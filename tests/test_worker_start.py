@@ -1,7 +1,19 @@
-"""The judge starts the candidate's runner before it imports torch, so the two imports overlap."""
+"""How fast a job's worker is up: the judge and its runner import torch at once, and a service starts the next
+job's worker while the lane is busy."""
 
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+import pytest
+from server_fixtures import scaled_relu_problem
+
+from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import ProblemSpec, load_problem
+from kernelloop.tools.results import Status
+from kernelloop.tools.worker_pool import WorkerPool
 
 
 def test_the_judge_starts_its_runner_before_importing_torch() -> None:
@@ -15,3 +27,82 @@ def test_the_judge_starts_its_runner_before_importing_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False", "torch is imported before the runner starts: the start-up is serial"
+
+
+# ---- workers started ahead of their jobs ----------------------------------------------------------------------
+
+RELU_CANDIDATE = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return torch.clamp(x, min=0) * 2.0
+"""
+
+
+@pytest.fixture
+def relu_problem(tmp_path: Path) -> ProblemSpec:
+    path = tmp_path / "scaled_relu.py"
+    path.write_text(scaled_relu_problem())
+    return load_problem(str(path))
+
+
+def _sandbox_processes(jobs_dir: Path) -> list[str]:
+    """Command lines of live processes whose job folder is under `jobs_dir` (bubblewrap's own included)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and str(jobs_dir) in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_a_job_takes_the_worker_started_ahead_and_the_pool_ends_its_spares(workspace, relu_problem) -> None:
+    pool = WorkerPool(max_spares=2)
+    options = EvalOptions(seeds=1)
+    try:
+        first = api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        assert first.status == Status.passed, first.message
+        assert first.sandbox is not None and not first.sandbox.prestarted  # nothing was started before it
+        deadline = time.monotonic() + 60
+        while len(pool) == 0 and time.monotonic() < deadline:  # the spare starts in the background
+            time.sleep(0.1)
+        time.sleep(3)  # and imports torch in both of its processes
+        second = api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+    finally:
+        pool.close()
+    assert second.status == Status.passed, second.message
+    assert second.sandbox is not None and second.sandbox.prestarted
+    # the second job found its judge and runner imported: handing it over took well under a second
+    assert second.step_seconds["worker_start"] < 0.5, second.step_seconds
+    assert second.step_seconds["worker_start"] < first.step_seconds["worker_start"] / 2, (first, second)
+    assert second.step_seconds["runner_start"] < first.step_seconds["runner_start"] + 0.5
+    # the spare the second job left behind, started in the background, is ended by close()
+    time.sleep(1)
+    assert _sandbox_processes(workspace.settings.jobs_dir) == []
+    assert not list(workspace.settings.jobs_dir.glob("spare-*"))
+
+
+def test_a_spare_serves_only_jobs_of_its_kind(workspace, relu_problem, tmp_path: Path) -> None:
+    """A worker shows one problem's folder read-only: a job for a problem kept elsewhere starts its own."""
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    other_path = other_dir / "scaled_relu_3.py"
+    other_path.write_text(scaled_relu_problem(scale=3.0))
+    other = load_problem(str(other_path))
+    pool = WorkerPool(max_spares=1)
+    options = EvalOptions(seeds=1)
+    try:
+        api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        deadline = time.monotonic() + 60
+        while len(pool) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        result = api.run_phase("test", other, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+    finally:
+        pool.close()
+    # the candidate doubles; this problem triples: the judge used the right problem, in a worker of its own
+    assert result.status == Status.wrong_result, result.message
+    assert result.sandbox is not None and not result.sandbox.prestarted

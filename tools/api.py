@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
-from kernelloop.tools import build_cache, toolchain
+from kernelloop.tools import build_cache, toolchain, verdict_cache
 from kernelloop.tools.jobs import EvalOptions, WorkerJob, WorkerReply
 from kernelloop.tools.phase_registry import PHASES, Phase
 from kernelloop.tools.problems import ProblemSpec, load_problem
@@ -28,6 +28,7 @@ from kernelloop.tools.results import (
 )
 from kernelloop.tools.settings import SandboxSettings, get_sandbox_settings
 from kernelloop.tools.worker_call import JobFolder, call_worker
+from kernelloop.tools.worker_pool import WorkerPool
 
 Progress = Callable[[PhaseResult], None]
 """Called with the result-so-far each time the worker reports a step (the service streams these)."""
@@ -83,14 +84,20 @@ def run_phase(
     options: EvalOptions | None = None,
     settings: SandboxSettings | None = None,
     on_progress: Progress | None = None,
+    pool: WorkerPool | None = None,
 ) -> PhaseResult:
-    """Any phase of the registry by name: what the tools above and the service's executor call."""
+    """Any phase of the registry by name: what the tools above and the service's executor call (with its
+    pool of workers started ahead)."""
     settings = settings or get_sandbox_settings()
     options = options or EvalOptions()
     spec = load_problem(problem) if isinstance(problem, str) else problem
     backend = backend or default_backend()
     fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list)
     key = build_cache.cache_key(code, backend, fingerprint)
+    if phase == "compile":
+        reused = verdict_cache.load(settings.cache_dir, key, spec)
+        if reused is not None:
+            return reused
     read_only = [Path(spec.path).parent]  # a registered problem's folder (a shipped one is in the package)
     restored: list[bool] = []
 
@@ -130,6 +137,7 @@ def run_phase(
             on_reply=on_reply,
             on_finish=on_finish,
             folder_prefix=phase,
+            pool=pool,
         )
     report = call.report
     final = [r.result for r in call.replies if r.final]
@@ -154,6 +162,8 @@ def run_phase(
         log = "\n".join(part for part in (compiled.log, report.stdout, report.stderr) if part)
         compiled.log_truncated = len(log.encode()) > settings.log_cap_bytes or report.output_truncated
         compiled.log = log.encode()[-settings.log_cap_bytes :].decode(errors="replace")
+    if isinstance(result, CompileResult):
+        verdict_cache.keep(settings.cache_dir, key, spec, result)
     return result
 
 

@@ -69,6 +69,9 @@ class SandboxReport(BaseModel):
     output_truncated: bool = False
     cgroup: bool = Field(False, description="processes (and memory, without a GPU) capped by a cgroup, else by rlimits")
     killed_for: str | None = Field(None, description="why the sandbox ended the job early, e.g. too many processes")
+    prestarted: bool = Field(
+        False, description="the worker was started ahead of the job (its sandbox and imports ready when it came)"
+    )
 
 
 class PhaseResult(BaseModel):
@@ -101,6 +104,11 @@ class CompileResult(PhaseResult):
     build_seconds: float | None = Field(None, description="time to import the submission, builds included")
     cache_key: str = ""
     cache_hit: bool = Field(False, description="the build directory existed before this job")
+    verdict_reused: bool = Field(
+        False,
+        description="no worker ran: the build is cached and the same code passed this compile against the same "
+        "problem before, so that verdict is returned (tests and benchmarks always run)",
+    )
     shapes_instantiated: list[str] = []
     toolchain: dict[str, str] = {}
 

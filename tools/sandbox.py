@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kernelloop.tools import sandbox_view, seccomp, toolchain
+from kernelloop.tools import header_cache, sandbox_view, seccomp, toolchain
 from kernelloop.tools.cgroups import JobCgroup
 from kernelloop.tools.process_watch import ProcessWatch
 from kernelloop.tools.results import Isolation, SandboxReport
@@ -142,6 +142,7 @@ def worker_argv(
     *,
     gpu: bool,
     seccomp_fd: int | None,
+    headers: Path | None = None,
 ) -> list[str]:
     """The bubblewrap prefix for one job (see kernelloop.tools.sandbox_view)."""
     hidden = [settings.data_dir.resolve(), Path(".env").resolve(), *settings.sandbox_hidden_paths]
@@ -153,6 +154,7 @@ def worker_argv(
         cuda_home=toolchain.cuda_home(),
         gpu=gpu,
         seccomp_fd=seccomp_fd,
+        headers=headers,
     )
 
 
@@ -224,6 +226,140 @@ def worker_environment(extra: dict[str, str], job_dir: Path) -> dict[str, str]:
     return env
 
 
+class StartedWorker:
+    """A sandboxed worker, started and waiting for its job on stdin: `run` hands the job over and waits.
+
+    Everything up to the job (the sandbox, the interpreters, the imports) can happen ahead, while the lane is
+    busy with the previous job; the process is still used once, for one job, and nothing untrusted has run in
+    it before the job arrives.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_dir: Path,
+        build_dir: Path | None,
+        env: dict[str, str],
+        settings: SandboxSettings,
+        module: str,
+        read_only: list[Path],
+        cpu_limit_s: float,
+        headers: Path | None = None,
+    ):
+        """`headers`: a folder of precompiled headers to show read-only (kernelloop.tools.header_cache)."""
+        self.job_dir, self.settings = job_dir, settings
+        self.isolation = available_isolation(settings)
+        (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
+        # a CPU lane hides every GPU (worker_gpus ""); a GPU lane, or the CLI on a GPU host, shows its own
+        gpu = settings.worker_gpus != "" and sandbox_view.has_gpu_devices()
+        self.result_read, result_write = os.pipe()
+        keep = [result_write]
+        prefix: list[str] = []
+        if self.isolation == "bubblewrap":
+            seccomp_read, seccomp_write = os.pipe()
+            os.write(seccomp_write, seccomp.filter_program())  # a few hundred bytes: fits the pipe's buffer
+            os.close(seccomp_write)
+            keep.append(seccomp_read)
+            prefix = worker_argv(
+                settings, job_dir, build_dir, read_only, gpu=gpu, seccomp_fd=seccomp_read, headers=headers
+            )
+        elif self.isolation == "unshare":
+            prefix = ["unshare", "-n", "--"]
+        if headers is not None:
+            seen_at = sandbox_view.HEADERS_MOUNT if self.isolation == "bubblewrap" else headers
+            env = {**env, **header_cache.build_environment(seen_at)}
+        # CUDA reserves address space far beyond what it uses, so only a job without a GPU gets an address-space cap
+        memory = None if gpu else settings.max_memory_bytes
+        argv = prefix + [sys.executable, "-P", "-m", module, str(result_write)]
+        cgroup = (
+            JobCgroup.create(f"kernelloop-{job_dir.name}", settings.max_processes, memory)
+            if settings.job_cgroups
+            else None
+        )
+        self.cgroup = cgroup
+
+        def in_child() -> None:
+            _limit_resources(int(cpu_limit_s), memory, settings)
+            if cgroup is not None:
+                cgroup.join()
+
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=job_dir,
+            env=env,
+            pass_fds=tuple(keep),
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=in_child,
+        )
+        for fd in keep[1:]:
+            os.close(fd)
+        os.close(result_write)
+        assert self.proc.stdout is not None and self.proc.stderr is not None  # both are PIPEs
+        self.readers = [
+            _CappedReader(os.dup(self.proc.stdout.fileno()), settings.output_cap_bytes),
+            _CappedReader(os.dup(self.proc.stderr.fileno()), settings.output_cap_bytes),
+        ]
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        for reader in self.readers:
+            reader.start()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, job_json: bytes, timeout_s: float, on_message: Callable[[bytes], None]) -> SandboxReport:
+        """Hand the job over, wait at most `timeout_s` from now, and report how the process ended."""
+        settings, proc = self.settings, self.proc
+        started = time.monotonic()
+        messages = _MessageReader(self.result_read, on_message)
+        messages.start()
+        # the job may be larger than the pipe's buffer: written from a thread, so the deadline holds either way
+        feeder = threading.Thread(target=_feed, args=(proc, job_json), daemon=True)
+        feeder.start()
+        watch = ProcessWatch(proc.pid) if self.isolation == "bubblewrap" and self.cgroup is None else None
+        timed_out, too_many = _wait(proc, started + timeout_s, watch, settings.max_processes)
+        capped_by_cgroup = self.cgroup is not None
+        self.discard()
+        for thread in (*self.readers, messages, feeder):
+            thread.join(timeout=10)
+        code = proc.returncode
+        if self.isolation == "bubblewrap" and code is not None and code > 128 and code - 128 in signal.valid_signals():
+            code = 128 - code  # bwrap reports its child's death by signal N as exit status 128+N
+        return SandboxReport(
+            isolation=self.isolation,
+            wall_seconds=round(time.monotonic() - started, 3),
+            exit_code=code if code is not None and code >= 0 and not timed_out else None,
+            signal=signal.Signals(-code).name if code is not None and code < 0 and not timed_out else None,
+            timed_out=timed_out,
+            stdout=self.readers[0].text(),
+            stderr=self.readers[1].text(),
+            output_truncated=self.readers[0].truncated or self.readers[1].truncated,
+            cgroup=capped_by_cgroup,
+            killed_for=f"more than {settings.max_processes} processes" if too_many else None,
+        )
+
+    def discard(self) -> None:
+        """End the worker and everything it started (a spare that was never used, or a finished job)."""
+        _kill_group(self.proc.pid)
+        self.proc.wait()
+        if self.cgroup is not None:
+            self.cgroup.kill_and_remove()
+            self.cgroup = None
+
+
+def _feed(proc: subprocess.Popen[bytes], job_json: bytes) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(job_json)
+        proc.stdin.close()
+    except (BrokenPipeError, ValueError):
+        pass
+
+
 def run_worker(
     job_json: bytes,
     *,
@@ -242,88 +378,21 @@ def run_worker(
     are shown besides the system, the interpreter and this package (under bubblewrap). Returns how the
     process ended; messages went to `on_message`.
     """
-    read_only = read_only or []
-    isolation = available_isolation(settings)
-    (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
-    # a CPU lane hides every GPU (worker_gpus ""); a GPU lane, or the CLI on a GPU host, shows its own
-    gpu = settings.worker_gpus != "" and sandbox_view.has_gpu_devices()
-    result_read, result_write = os.pipe()
-    keep = [result_write]
-    prefix: list[str] = []
-    if isolation == "bubblewrap":
-        seccomp_read, seccomp_write = os.pipe()
-        os.write(seccomp_write, seccomp.filter_program())  # a few hundred bytes: fits the pipe's buffer
-        os.close(seccomp_write)
-        keep.append(seccomp_read)
-        prefix = worker_argv(settings, job_dir, build_dir, read_only, gpu=gpu, seccomp_fd=seccomp_read)
-    elif isolation == "unshare":
-        prefix = ["unshare", "-n", "--"]
-    # CUDA reserves address space far beyond what it uses, so only a job without a GPU gets an address-space cap
-    memory = None if gpu else settings.max_memory_bytes
-    argv = prefix + [sys.executable, "-P", "-m", module, str(result_write)]
-    cgroup = None
-    if settings.job_cgroups:
-        cgroup = JobCgroup.create(f"kernelloop-{job_dir.name}", settings.max_processes, memory)
-
-    def in_child() -> None:
-        _limit_resources(int(timeout_s * 4) + 60, memory, settings)
-        if cgroup is not None:
-            cgroup.join()
-
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=job_dir,
+    worker = StartedWorker(
+        job_dir=job_dir,
+        build_dir=build_dir,
         env=env,
-        pass_fds=tuple(keep),
-        start_new_session=True,
-        close_fds=True,
-        preexec_fn=in_child,
+        settings=settings,
+        module=module,
+        read_only=read_only or [],
+        cpu_limit_s=cpu_limit(timeout_s),
     )
-    for fd in keep[1:]:
-        os.close(fd)
-    os.close(result_write)
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three are PIPEs
-    readers = [
-        _CappedReader(os.dup(proc.stdout.fileno()), settings.output_cap_bytes),
-        _CappedReader(os.dup(proc.stderr.fileno()), settings.output_cap_bytes),
-    ]
-    proc.stdout.close()
-    proc.stderr.close()
-    messages = _MessageReader(result_read, on_message)
-    for thread in (*readers, messages):
-        thread.start()
-    try:
-        proc.stdin.write(job_json)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    watch = ProcessWatch(proc.pid) if isolation == "bubblewrap" and cgroup is None else None
-    timed_out, too_many = _wait(proc, started + timeout_s, watch, settings.max_processes)
-    _kill_group(proc.pid)
-    proc.wait()
-    if cgroup is not None:
-        cgroup.kill_and_remove()
-    for thread in (*readers, messages):
-        thread.join(timeout=10)
-    code = proc.returncode
-    if isolation == "bubblewrap" and code is not None and code > 128 and code - 128 in signal.valid_signals():
-        code = 128 - code  # bwrap reports its child's death by signal N as exit status 128+N
-    return SandboxReport(
-        isolation=isolation,
-        wall_seconds=round(time.monotonic() - started, 3),
-        exit_code=code if code is not None and code >= 0 and not timed_out else None,
-        signal=signal.Signals(-code).name if code is not None and code < 0 and not timed_out else None,
-        timed_out=timed_out,
-        stdout=readers[0].text(),
-        stderr=readers[1].text(),
-        output_truncated=readers[0].truncated or readers[1].truncated,
-        cgroup=cgroup is not None,
-        killed_for=f"more than {settings.max_processes} processes" if too_many else None,
-    )
+    return worker.run(job_json, timeout_s, on_message)
+
+
+def cpu_limit(timeout_s: float) -> float:
+    """RLIMIT_CPU of a worker whose wall-clock limit is `timeout_s`: a backstop, never the first limit hit."""
+    return timeout_s * 4 + 60
 
 
 def _wait(

@@ -1,10 +1,11 @@
 """Entry point of a sandboxed job: `python -P -m kernelloop.tools.worker RESULT_FD`, the job as JSON on stdin.
 
-This process is the judge. It reads the whole job, makes itself non-dumpable, and starts the candidate's
-runner (a second process, which imports torch while the judge does), then runs the phase, sending the
-result-so-far on the private pipe after each step and the final result last, each line tagged with the
-job's nonce. Neither the pipe nor the nonce is reachable from the runner. It leaves with os._exit, so
-nothing at exit can run after the verdict.
+This process is the judge. It makes itself non-dumpable, starts the candidate's runner (a second process,
+which imports torch while the judge does), and only then reads the job: a worker can be started ahead of
+its job (`kernelloop.tools.worker_pool`) and have all of that done by the time the job comes. It then runs
+the phase, sending the result-so-far on the private pipe after each step and the final result last, each
+line tagged with the job's nonce. Neither the pipe nor the nonce is reachable from the runner. It leaves
+with os._exit, so nothing at exit can run after the verdict.
 """
 
 from __future__ import annotations
@@ -21,20 +22,20 @@ from kernelloop.tools.runner_link import RunnerLink, make_undumpable
 
 def main() -> None:
     result_fd = int(sys.argv[1])
-    job = WorkerJob.model_validate_json(sys.stdin.buffer.read())
-    sys.stdin.close()
-    worker_start_s = round(max(0.0, time.time() - job.sent_at), 3)
     make_undumpable()
     os.set_inheritable(result_fd, False)
     link = RunnerLink()
+    from kernelloop.tools import phases  # while the runner imports torch too: it takes seconds to load
+
+    job = WorkerJob.model_validate_json(sys.stdin.buffer.read())
+    sys.stdin.close()
+    worker_start_s = round(max(0.0, time.time() - job.sent_at), 3)
     channel = os.fdopen(result_fd, "w", buffering=1)
 
     def send(result: object, final: bool = False) -> None:
         reply = WorkerReply(nonce=job.nonce, final=final, result=result)
         channel.write(reply.model_dump_json() + "\n")
         channel.flush()
-
-    from kernelloop.tools import phases  # imported after the runner started: torch takes seconds to load
 
     try:
         result = getattr(phases, PHASES[job.phase].worker)(job, link, send)

@@ -16,11 +16,14 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
-from kernelloop.tools import sandbox, toolchain
+from kernelloop.tools import header_cache, sandbox, toolchain
 from kernelloop.tools.results import SandboxReport
 from kernelloop.tools.settings import SandboxSettings
+from kernelloop.tools.worker_pool import Spare, SpareKind, WorkerPool
 
 Reply = TypeVar("Reply", bound=BaseModel)
+MAX_TIMEOUT_S = 3600.0
+"""the longest wall-clock limit a job can have (EvalOptions.timeout_s)"""
 
 
 @dataclass(frozen=True)
@@ -57,17 +60,20 @@ def call_worker(
     on_reply: Callable[[Reply], None] | None = None,
     on_finish: Callable[[JobFolder, int], None] | None = None,
     folder_prefix: str = "job",
+    pool: WorkerPool | None = None,
 ) -> WorkerCall[Reply]:
     """Run `python -m MODULE` in the sandbox on the job `make_job(folder)` builds, and collect its replies.
 
     The job folder (the worker's HOME and TMPDIR, and its build folder; `make_job` may write files there)
     is removed afterwards, after `on_finish(folder, disk_bytes)`. A line on the reply pipe counts only if
-    it parses as `reply_type` and carries this job's nonce.
+    it parses as `reply_type` and carries this job's nonce. With a `pool`, the job takes a worker started
+    ahead for its kind when there is one, and a spare is started for the next job of the kind.
     """
-    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=f"{folder_prefix}-", dir=settings.jobs_dir))
+    read_only = read_only or []
+    kind = SpareKind(module, tuple(map(str, read_only)), settings.model_dump_json())
+    spare = pool.take(kind) if pool is not None else None
+    path = spare.folder if spare is not None else _new_folder(settings, folder_prefix)
     folder = JobFolder(path, secrets.token_hex(16), path / "build", sandbox.build_dir_seen_by_worker(settings, path))
-    folder.build.mkdir()
     replies: list[Reply] = []
     malformed: list[str] = []
 
@@ -84,25 +90,55 @@ def call_worker(
                 on_reply(reply)
 
     try:
+        if spare is not None:
+            worker = spare.worker
+        else:
+            worker = _start(module, settings, path, read_only, sandbox.cpu_limit(timeout_s))
         job = make_job(folder).model_dump_json().encode()
-        env = sandbox.worker_environment(toolchain.build_environment(settings), path)
-        report = sandbox.run_worker(
-            job,
-            job_dir=path,
-            build_dir=folder.build,
-            read_only=read_only or [],
-            env=env,
-            timeout_s=timeout_s,
-            settings=settings,
-            on_message=on_message,
-            module=module,
-        )
+        report = worker.run(job, timeout_s, on_message)
+        report.prestarted = spare is not None
         disk_bytes = _disk_bytes(path)
         if on_finish is not None:
             on_finish(folder, disk_bytes)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        if pool is not None:
+            pool.refill(kind, lambda: _spare(module, settings, read_only))
     return WorkerCall(report=report, replies=replies, malformed=malformed, disk_bytes=disk_bytes)
+
+
+def _new_folder(settings: SandboxSettings, prefix: str) -> Path:
+    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=settings.jobs_dir))
+    (path / "build").mkdir()
+    return path
+
+
+def _start(
+    module: str, settings: SandboxSettings, path: Path, read_only: list[Path], cpu_limit_s: float
+) -> sandbox.StartedWorker:
+    return sandbox.StartedWorker(
+        job_dir=path,
+        build_dir=path / "build",
+        env=sandbox.worker_environment(toolchain.build_environment(settings), path),
+        settings=settings,
+        module=module,
+        read_only=read_only,
+        cpu_limit_s=cpu_limit_s,
+        headers=header_cache.ready(settings),
+    )
+
+
+def _spare(module: str, settings: SandboxSettings, read_only: list[Path]) -> Spare:
+    """A worker for the next job of this kind; its wall-clock limit comes with the job, so its CPU limit is the
+    longest any job may ask for."""
+    path = _new_folder(settings, "spare")
+    try:
+        longest = max(MAX_TIMEOUT_S, settings.compile_timeout_s, settings.test_timeout_s, settings.benchmark_timeout_s)
+        return Spare(_start(module, settings, path, read_only, sandbox.cpu_limit(longest)), path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def _disk_bytes(path: Path) -> int:

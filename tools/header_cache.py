@@ -1,0 +1,122 @@
+"""torch/extension.h parsed once per toolchain: precompiled headers for the C++ sources of extension builds.
+
+The C++ file of a load_inline build begins with `#include <torch/extension.h>`, some 200,000 lines that g++
+parses for 10-20 s even when the file itself is a three-line binding. GCC can load a precompiled header
+instead (the binding of the causal conv1d seed: 19 s without, 7 s with, on a 2-core machine). The service
+builds them once per toolchain, on the host, from torch's own headers only (no submitted code is involved,
+so the result can be shared), one per optimization level, and shows them read-only to every sandboxed build.
+Builds reach them through `tools/compiler/c++`, the CXX of the sandbox, which adds `-include` of the header
+for a source that begins with the torch include. GCC picks the variant made with matching options and parses
+the header as before when none matches (another -std, -fopenmp, defines that change torch's headers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+from kernelloop.tools import toolchain
+from kernelloop.tools.settings import SandboxSettings
+
+log = logging.getLogger("kernelloop.header_cache")
+HEADER = "torch_extension.h"
+WRAPPER = Path(__file__).resolve().parent / "compiler" / "c++"
+VARIANTS = {"O0": [], "O1": ["-O1"], "O2": ["-O2"], "O3": ["-O3"]}
+"""the optimization levels extensions are built with (load_inline's default is none, i.e. -O0)"""
+_building = threading.Lock()
+
+
+def torch_flags() -> list[str]:
+    """The options torch's JIT builds give a C++ source, less the per-extension name (torch.utils.cpp_extension)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return []
+    include = Path(spec.origin).parent / "include"
+    return [
+        "-DTORCH_API_INCLUDE_EXTENSION_H",
+        *("-isystem", str(include)),
+        *("-isystem", str(include / "torch" / "csrc" / "api" / "include")),
+        *("-isystem", sysconfig.get_path("include")),
+        "-fPIC",
+        "-std=c++20",
+    ]
+
+
+def folder(settings: SandboxSettings) -> Path:
+    """This toolchain's folder of precompiled headers in the build cache."""
+    fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list)
+    key = hashlib.sha256(json.dumps({"toolchain": fingerprint, "flags": torch_flags()}).encode()).hexdigest()
+    return settings.cache_dir / "headers" / key[:16]
+
+
+def ready(settings: SandboxSettings) -> Path | None:
+    """The folder, when its headers are built and the compiler wrapper can run; else None (builds go without)."""
+    path = folder(settings)
+    if not settings.precompiled_headers or not os.access(WRAPPER, os.X_OK):
+        return None
+    return path if (path / HEADER).is_file() and (path / f"{HEADER}.gch").is_dir() else None
+
+
+def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = None) -> Path | None:
+    """Build this toolchain's precompiled headers unless they exist (`variants`, default all of VARIANTS, in
+    parallel). None when the compiler cannot (the reason is logged): builds then parse the header in full."""
+    target = folder(settings)
+    with _building:
+        if (target / f"{HEADER}.gch").is_dir():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".headers-", dir=target.parent))
+        (staging / HEADER).write_text("#include <torch/extension.h>\n")
+        (staging / f"{HEADER}.gch").mkdir()
+        compiler = os.environ.get("CXX", "c++")
+        jobs = [
+            subprocess.Popen(
+                [
+                    compiler,
+                    *torch_flags(),
+                    *flags,
+                    "-x",
+                    "c++-header",
+                    str(staging / HEADER),
+                    "-o",
+                    str(staging / f"{HEADER}.gch" / f"{name}.gch"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                preexec_fn=lambda: os.nice(10),  # behind the jobs: a head start for later builds, not urgent
+            )  # fmt: skip
+            for name, flags in (variants or VARIANTS).items()
+        ]
+        failures = [job.communicate()[1].decode(errors="replace")[-2000:] for job in jobs if job.wait() != 0]
+        if failures:
+            shutil.rmtree(staging, ignore_errors=True)
+            log.warning("no precompiled torch headers (builds parse them in full): %s", failures[0])
+            return None
+        for path in [*staging.rglob("*"), staging]:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        os.rename(staging, target)
+    return target
+
+
+def build_in_background(settings: SandboxSettings) -> None:
+    """Start `build` on a thread of its own, at low priority, when precompiled headers are asked for."""
+    if settings.precompiled_headers and os.access(WRAPPER, os.X_OK) and not (folder(settings) / HEADER).is_file():
+        threading.Thread(target=build, args=(settings,), name="precompiled-headers", daemon=True).start()
+
+
+def build_environment(seen_at: Path) -> dict[str, str]:
+    """CXX for sandboxed builds: the wrapper, given the headers as the worker sees them (`seen_at`)."""
+    return {
+        "CXX": str(WRAPPER),
+        "KERNELLOOP_REAL_CXX": os.environ.get("CXX", "c++"),
+        "KERNELLOOP_TORCH_HEADER": str(seen_at / HEADER),
+    }
