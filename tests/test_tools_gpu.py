@@ -25,7 +25,9 @@ if not torch.cuda.is_available():
 
 CUDA_EXAMPLE = (REPO / "reference_problems/causal_conv1d/example_cuda.py").read_text()
 GPU_NAME = "kernelloop_test_gpu_kernels"
-GPU_FUNCTIONS = ["conv_correct", "conv_off_by_one", "conv_illegal_address", "conv_side_stream", "conv_unwritten"]
+GPU_FUNCTIONS = [
+    "conv_correct", "conv_off_by_one", "conv_illegal_address", "conv_hang", "conv_side_stream", "conv_unwritten",
+]  # fmt: skip
 SIDE_STREAM_SHAPE = "b16_c64_o64_k3_d4_l32768"  # the naive kernel takes ~5 ms here: quick to time
 # cuDNN TF32 (PyTorch's default) on the H200, measured apart from kernelloop: median, 256 MB L2 flush
 H200_CUDNN_ANCHORS_MS = {
@@ -101,6 +103,18 @@ def test_illegal_address_is_runtime_error_and_the_next_job_passes(workspace, gpu
     assert result.status == Status.runtime_error
     text = (result.message + result.sandbox.stderr).lower()
     assert "illegal" in text and "small" in result.message, result.message
+
+    after = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_correct"), "cuda", ONE_CHECK, workspace.settings)
+    assert after.status == Status.passed, after.message
+
+
+def test_a_cuda_kernel_that_never_returns_ends_by_the_call_deadline_and_the_gpu_is_free_after(workspace, gpu_kernels):
+    # the default phase limit is 900 s; the judge's deadline for a first call is 25 s
+    result = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_hang"), "cuda", ONE_CHECK, workspace.settings)
+
+    assert result.status == Status.timeout, result.message
+    assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 45, result.sandbox
+    assert "no answer within 25 s" in result.message and "shape small" in result.message, result.message
 
     after = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_correct"), "cuda", ONE_CHECK, workspace.settings)
     assert after.status == Status.passed, after.message

@@ -158,7 +158,8 @@ def _start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileRes
     try:
         problem_module = import_problem_module(Path(job.problem.path))
         with _step(result, "runner_start"):
-            started = link.ask(Start(problem_path=job.problem.path, backend=job.backend), Started, 120)
+            start = Start(problem_path=job.problem.path, backend=job.backend, timing=job.phase == "benchmark")
+            started = link.ask(start, Started, 120)
     except RunnerFailed as exc:
         result.status, result.message = Status.sandbox_error, f"the runner did not start: {exc}"
         return result, None

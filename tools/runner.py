@@ -102,7 +102,7 @@ class Runner:
             self.problem_module = import_problem_module(Path(request.problem_path))
         except Exception as exc:
             return Started(error=f"the problem failed to load: {exc}")
-        if has_gpu:
+        if has_gpu and request.timing:  # a compile or a test times nothing: no flush buffer, no calibration
             self.reset_l2 = l2_cache.persisting_reset()
             self.launch_overhead_ms = self._launch_overhead_ms(_flush_buffer(self.device))
         if has_gpu:

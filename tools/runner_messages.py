@@ -39,6 +39,7 @@ class Start(BaseModel):
     kind: Literal["start"] = "start"
     problem_path: str
     backend: Backend
+    timing: bool = Field(False, description="set up the L2 reset and calibrate the launch overhead: a benchmark")
 
 
 class Load(BaseModel):

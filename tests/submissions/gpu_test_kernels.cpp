@@ -34,6 +34,9 @@ torch::Tensor conv_off_by_one(torch::Tensor x, torch::Tensor w, c10::optional<to
 torch::Tensor conv_illegal_address(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t dilation) {
     return run(x, w, bias, dilation, 2, false);
 }
+torch::Tensor conv_hang(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t dilation) {
+    return run(x, w, bias, dilation, 3, false);
+}
 torch::Tensor conv_side_stream(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t dilation) {
     return run(x, w, bias, dilation, 0, true);
 }

@@ -3,7 +3,7 @@
 // (load_inline(..., no_implicit_headers=True)); the torch binding is gpu_test_kernels.cpp.
 #include <cuda_runtime.h>
 
-enum Flaw { FLAW_NONE = 0, FLAW_OFF_BY_ONE = 1, FLAW_ILLEGAL_ADDRESS = 2 };
+enum Flaw { FLAW_NONE = 0, FLAW_OFF_BY_ONE = 1, FLAW_ILLEGAL_ADDRESS = 2, FLAW_HANG = 3 };
 
 __global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                      const float* __restrict__ bias, float* __restrict__ y, int batch,
@@ -15,6 +15,9 @@ __global__ void causal_conv1d_kernel(const float* __restrict__ x, const float* _
     if (t >= length || o >= out_channels || b >= batch) return;
     if (flaw == FLAW_ILLEGAL_ADDRESS && t == 0 && o == 0 && b == 0) {
         y[(size_t)1 << 40] = 1.0f;  // far outside any allocation
+    }
+    if (flaw == FLAW_HANG) {
+        for (;;) __nanosleep(1000000);  // never returns, as a wait on a flag no thread sets
     }
     const int pad = (kernel_size - 1) * dilation;
     float acc = bias != nullptr ? bias[o] : 0.0f;
