@@ -5,9 +5,10 @@ parses for 10-20 s even when the file itself is a three-line binding. GCC can lo
 instead (the binding of the causal conv1d seed: 19 s without, 7 s with, on a 2-core machine). The service
 builds them once per toolchain, on the host, from torch's own headers only (no submitted code is involved,
 so the result can be shared), one per optimization level, and shows them read-only to every sandboxed build.
-Builds reach them through `tools/compiler/c++`, the CXX of the sandbox, which adds `-include` of the header
-for a source that begins with the torch include. GCC picks the variant made with matching options and parses
-the header as before when none matches (another -std, -fopenmp, defines that change torch's headers).
+Builds reach them through a `c++` kept beside them (`tools/cxx_wrapper.sh`), the CXX of the sandbox, which
+adds `-include` of the header for a source that begins with the torch include. GCC picks the variant made with
+matching options and parses the header as before when none matches (another -std, -fopenmp, defines that
+change torch's headers).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from kernelloop.tools.settings import SandboxSettings
 
 log = logging.getLogger("kernelloop.header_cache")
 HEADER = "torch_extension.h"
-WRAPPER = Path(__file__).resolve().parent / "compiler" / "c++"
+WRAPPER_SOURCE = Path(__file__).resolve().parent / "cxx_wrapper.sh"
+WRAPPER = Path("bin") / "c++"
+"""where the wrapper lies in the folder, executable (its name must say c++: torch checks the compiler's name)"""
 VARIANTS = {"O0": [], "O1": ["-O1"], "O2": ["-O2"], "O3": ["-O3"]}
 """the optimization levels extensions are built with (load_inline's default is none, i.e. -O0)"""
 _building = threading.Lock()
@@ -54,16 +57,17 @@ def torch_flags() -> list[str]:
 def folder(settings: SandboxSettings) -> Path:
     """This toolchain's folder of precompiled headers in the build cache."""
     fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list)
-    key = hashlib.sha256(json.dumps({"toolchain": fingerprint, "flags": torch_flags()}).encode()).hexdigest()
+    wrapper = WRAPPER_SOURCE.read_text()
+    key = hashlib.sha256(json.dumps([fingerprint, torch_flags(), wrapper]).encode()).hexdigest()
     return settings.cache_dir / "headers" / key[:16]
 
 
 def ready(settings: SandboxSettings) -> Path | None:
     """The folder, when its headers are built and the compiler wrapper can run; else None (builds go without)."""
     path = folder(settings)
-    if not settings.precompiled_headers or not os.access(WRAPPER, os.X_OK):
+    if not settings.precompiled_headers:
         return None
-    return path if (path / HEADER).is_file() and (path / f"{HEADER}.gch").is_dir() else None
+    return path if os.access(path / WRAPPER, os.X_OK) and (path / f"{HEADER}.gch").is_dir() else None
 
 
 def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = None) -> Path | None:
@@ -77,6 +81,8 @@ def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = Non
         staging = Path(tempfile.mkdtemp(prefix=".headers-", dir=target.parent))
         (staging / HEADER).write_text("#include <torch/extension.h>\n")
         (staging / f"{HEADER}.gch").mkdir()
+        (staging / WRAPPER).parent.mkdir()
+        shutil.copyfile(WRAPPER_SOURCE, staging / WRAPPER)
         compiler = os.environ.get("CXX", "c++")
         jobs = [
             subprocess.Popen(
@@ -102,21 +108,21 @@ def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = Non
             log.warning("no precompiled torch headers (builds parse them in full): %s", failures[0])
             return None
         for path in [*staging.rglob("*"), staging]:
-            path.chmod(0o555 if path.is_dir() else 0o444)
+            path.chmod(0o555 if path.is_dir() or path == staging / WRAPPER else 0o444)
         os.rename(staging, target)
     return target
 
 
 def build_in_background(settings: SandboxSettings) -> None:
     """Start `build` on a thread of its own, at low priority, when precompiled headers are asked for."""
-    if settings.precompiled_headers and os.access(WRAPPER, os.X_OK) and not (folder(settings) / HEADER).is_file():
+    if settings.precompiled_headers and not (folder(settings) / HEADER).is_file():
         threading.Thread(target=build, args=(settings,), name="precompiled-headers", daemon=True).start()
 
 
 def build_environment(seen_at: Path) -> dict[str, str]:
     """CXX for sandboxed builds: the wrapper, given the headers as the worker sees them (`seen_at`)."""
     return {
-        "CXX": str(WRAPPER),
+        "CXX": str(seen_at / WRAPPER),
         "KERNELLOOP_REAL_CXX": os.environ.get("CXX", "c++"),
         "KERNELLOOP_TORCH_HEADER": str(seen_at / HEADER),
     }

@@ -311,6 +311,12 @@ class StartedWorker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def last_words(self) -> str:
+        """How a worker that ended on its own ended: its exit status and the end of its stderr."""
+        for reader in self.readers:
+            reader.join(timeout=2)
+        return f"exit status {self.proc.poll()}: {self.readers[1].text()[-1500:]}"
+
     def run(self, job_json: bytes, timeout_s: float, on_message: Callable[[bytes], None]) -> SandboxReport:
         """Hand the job over, wait at most `timeout_s` from now, and report how the process ended."""
         settings, proc = self.settings, self.proc

@@ -67,11 +67,13 @@ def call_worker(
     The job folder (the worker's HOME and TMPDIR, and its build folder; `make_job` may write files there)
     is removed afterwards, after `on_finish(folder, disk_bytes)`. A line on the reply pipe counts only if
     it parses as `reply_type` and carries this job's nonce. With a `pool`, the job takes a worker started
-    ahead for its kind when there is one, and a spare is started for the next job of the kind.
+    ahead for its kind when there is one, and a spare starts beside it for the next job of the kind.
     """
     read_only = read_only or []
     kind = SpareKind(module, tuple(map(str, read_only)), settings.model_dump_json())
     spare = pool.take(kind) if pool is not None else None
+    if pool is not None:  # the next job of this kind finds its worker started during this one
+        pool.refill(kind, lambda: _spare(module, settings, read_only))
     path = spare.folder if spare is not None else _new_folder(settings, folder_prefix)
     folder = JobFolder(path, secrets.token_hex(16), path / "build", sandbox.build_dir_seen_by_worker(settings, path))
     replies: list[Reply] = []
@@ -102,8 +104,6 @@ def call_worker(
             on_finish(folder, disk_bytes)
     finally:
         shutil.rmtree(path, ignore_errors=True)
-        if pool is not None:
-            pool.refill(kind, lambda: _spare(module, settings, read_only))
     return WorkerCall(report=report, replies=replies, malformed=malformed, disk_bytes=disk_bytes)
 
 

@@ -1,8 +1,8 @@
 """Workers started ahead of their jobs: while a lane runs one job, its next worker is already starting.
 
 A worker's first seconds go to the sandbox, two interpreters and two imports of torch, none of which depends
-on the job. So after each job a lane starts a spare worker of the same kind (same module, same lane settings,
-same problem folder shown read-only), and the next job of that kind takes it and starts at once. Each spare
+on the job. So as each job starts, a spare worker of the same kind (same module, same lane settings, same
+problem folder shown read-only) starts beside it, and the next job of that kind takes it and starts at once. Each spare
 is used for one job and then ends, as any worker: a fresh process per job stays the rule, and nothing
 untrusted has run in a spare before its job arrives. A spare that no job takes is ended when the next spare
 of its kind replaces it, when the pool holds too many, or when the service stops.
@@ -54,7 +54,7 @@ class WorkerPool:
         with self._lock:
             spare = self._spares.pop(kind, None)
         if spare is not None and not spare.worker.alive():
-            log.warning("a spare worker ended before its job: %s", spare.worker.readers[1].text()[-500:])
+            log.warning("a spare worker ended before its job: %s", spare.worker.last_words())
             _end(spare)
             return None
         return spare
