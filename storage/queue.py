@@ -76,18 +76,15 @@ def claim_next(engine: Engine, needs: LaneKind, lane: str) -> int | None:
     """Take the oldest queued job for this lane kind; None when there is none."""
     with Session(engine) as session:
         for _ in range(20):  # another lane may win the race for a job; then try the next one
-            job_id = session.exec(
-                select(Job.id)
-                .where(Job.status == JobStatus.queued.value, Job.needs == needs)
-                .order_by(col(Job.id))
-                .limit(1)
-            ).first()
+            job_id = _oldest_queued(session, needs)
             if job_id is None:
                 return None
             now = utcnow()
+            # claimed only if it is still queued for this kind: between the two statements another lane may
+            # have run its step and queued its next one, which may need the other kind (a build, then a test)
             claimed = session.exec(
                 update(Job)
-                .where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued.value)
+                .where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued.value, col(Job.needs) == needs)
                 .values(
                     status=JobStatus.running.value,
                     lane=lane,
@@ -103,6 +100,12 @@ def claim_next(engine: Engine, needs: LaneKind, lane: str) -> int | None:
                 return job_id
             session.rollback()
     return None
+
+
+def _oldest_queued(session: Session, needs: LaneKind) -> int | None:
+    return session.exec(
+        select(Job.id).where(Job.status == JobStatus.queued.value, Job.needs == needs).order_by(col(Job.id)).limit(1)
+    ).first()
 
 
 @dataclass

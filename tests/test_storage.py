@@ -427,6 +427,35 @@ def test_queue_positions_and_a_finished_step_moves_the_job_on(engine) -> None:
     assert types == ["queued", "started", "step_finished", "queued"]
 
 
+def test_a_job_whose_next_step_needs_a_gpu_is_never_claimed_by_the_cpu_lane_that_saw_it_queued(
+    engine, monkeypatch
+) -> None:
+    """The race a compile answered from the cache (milliseconds) opened: a CPU lane reads the job as queued for
+    a CPU, another lane runs its compile and queues its GPU test, then the first lane's claim must fail."""
+    with Session(engine) as session:
+        attempt, _ = _attempt(session, backend="cuda")
+        job = queue.enqueue(session, attempt, "evaluate", EvalOptions(), "test")
+    seen = queue._oldest_queued
+    raced: list[int] = []
+
+    def another_lane_runs_the_compile_in_between(session: Session, needs: str) -> int | None:
+        job_id = seen(session, needs)
+        if job_id == job.id and not raced:
+            raced.append(job_id)
+            assert queue.claim_next(engine, "cpu", "cpu-0") == job.id
+            now = utcnow()
+            queue.finish_step(engine, job.id, _compiled(), started_at=now, finished_at=now)
+        return job_id
+
+    monkeypatch.setattr(queue, "_oldest_queued", another_lane_runs_the_compile_in_between)
+    assert queue.claim_next(engine, "cpu", "cpu-1") is None
+    assert raced == [job.id]
+    with Session(engine) as session:
+        row = session.get(Job, job.id)
+        assert (row.status, row.needs, row.steps[row.step_index]) == (JobStatus.queued.value, "gpu", "test")
+    assert queue.claim_next(engine, "gpu", "gpu-0") == job.id
+
+
 def test_jobs_left_running_are_requeued_then_failed_after_too_many_interruptions(engine) -> None:
     with Session(engine) as session:
         attempt, _ = _attempt(session)

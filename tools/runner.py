@@ -53,6 +53,18 @@ _disable_observer = torch.autograd._disable_profiler_legacy
 _OBSERVER_CONFIG = profiler_legacy.profile().config()  # CPU operator events only, no shapes, no stacks
 
 
+def _why_no_gpu() -> str:
+    """What CUDA says when torch finds no GPU: none bound into the sandbox, or a driver that failed to start."""
+    nodes = sorted(p.name for p in Path("/dev").glob("nvidia*"))
+    try:
+        torch.cuda.init()
+        reason = "torch.cuda.init() succeeded late"
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+    return f"{reason}; CUDA_VISIBLE_DEVICES={visible}; device nodes: {', '.join(nodes) or 'none'}"
+
+
 class Runner:
     def __init__(self, channel: Channel):
         self.channel = channel
@@ -65,6 +77,7 @@ class Runner:
         self.wants_gpu = False
         self.reset_l2 = lambda: None
         self.launch_overhead_ms = 0.0
+        self.no_gpu_reason = ""
         self.observing = False
         self.observer_stopped = False
 
@@ -97,6 +110,8 @@ class Runner:
     def start(self, request: Start) -> Started:
         self.wants_gpu = request.backend == "cuda"
         has_gpu = self.wants_gpu and torch.cuda.is_available()
+        if self.wants_gpu and not has_gpu:
+            self.no_gpu_reason = _why_no_gpu()
         self.device = torch.device("cuda" if has_gpu else "cpu")
         try:
             self.problem_module = import_problem_module(Path(request.problem_path))
@@ -152,7 +167,8 @@ class Runner:
         if self.wants_gpu and self.device.type != "cuda" and not request.compile_only:
             result.status = Status.sandbox_error
             result.message = (
-                "the cuda backend needs a GPU to test or time, and none is visible here; use the cpu backend"
+                "the cuda backend needs a GPU to test or time, and none is usable here "
+                f"({self.no_gpu_reason}); use the cpu backend"
             )
         return Loaded(compile=result)
 
