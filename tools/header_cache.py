@@ -14,13 +14,13 @@ change torch's headers).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
-import sysconfig
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -38,27 +38,38 @@ VARIANTS = {"O0": [], "O1": ["-O1"], "O2": ["-O2"], "O3": ["-O3"]}
 _building = threading.Lock()
 
 
+# Run in a child interpreter: torch writes the build.ninja of an empty extension, and stops before building it.
+_READ_FLAGS = """
+import shlex, sys, tempfile
+from torch.utils import cpp_extension
+class Written(Exception): pass
+def stop(*args, **kwargs): raise Written
+cpp_extension._run_ninja_build = stop
+with tempfile.TemporaryDirectory() as folder:
+    try:
+        cpp_extension.load_inline("kernelloop_flags", cpp_sources="", build_directory=folder, verbose=False)
+    except Written:
+        pass
+    for line in open(folder + "/build.ninja"):
+        if line.startswith("cflags = "):
+            print(shlex.join(a for a in shlex.split(line[9:]) if not a.startswith("-DTORCH_EXTENSION_NAME=")))
+"""
+
+
 def torch_flags() -> list[str]:
-    """The options torch's JIT builds give a C++ source, less the per-extension name (torch.utils.cpp_extension)."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or spec.origin is None:
-        return []
-    include = Path(spec.origin).parent / "include"
-    return [
-        "-DTORCH_API_INCLUDE_EXTENSION_H",
-        *("-isystem", str(include)),
-        *("-isystem", str(include / "torch" / "csrc" / "api" / "include")),
-        *("-isystem", sysconfig.get_path("include")),
-        "-fPIC",
-        "-std=c++20",
-    ]
+    """The options torch's JIT builds give a C++ source (less the extension's name), as this torch writes them
+    into build.ninja: they differ between versions (-std, ABI defines), and a precompiled header made with
+    other options is not used."""
+    done = subprocess.run([sys.executable, "-c", _READ_FLAGS], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"torch did not say how it builds extensions: {done.stderr.strip()[-1000:]}")
+    return shlex.split(done.stdout.strip().splitlines()[-1])
 
 
 def folder(settings: SandboxSettings) -> Path:
     """This toolchain's folder of precompiled headers in the build cache."""
     fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list)
-    wrapper = WRAPPER_SOURCE.read_text()
-    key = hashlib.sha256(json.dumps([fingerprint, torch_flags(), wrapper]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([fingerprint, WRAPPER_SOURCE.read_text()]).encode()).hexdigest()
     return settings.cache_dir / "headers" / key[:16]
 
 
@@ -78,6 +89,11 @@ def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = Non
         if (target / f"{HEADER}.gch").is_dir():
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            flags = torch_flags()
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("no precompiled torch headers (builds parse them in full): %s", exc)
+            return None
         staging = Path(tempfile.mkdtemp(prefix=".headers-", dir=target.parent))
         (staging / HEADER).write_text("#include <torch/extension.h>\n")
         (staging / f"{HEADER}.gch").mkdir()
@@ -88,8 +104,8 @@ def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = Non
             subprocess.Popen(
                 [
                     compiler,
-                    *torch_flags(),
                     *flags,
+                    *variant,
                     "-x",
                     "c++-header",
                     str(staging / HEADER),
@@ -99,8 +115,8 @@ def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = Non
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 preexec_fn=lambda: os.nice(10),  # behind the jobs: a head start for later builds, not urgent
-            )  # fmt: skip
-            for name, flags in (variants or VARIANTS).items()
+            )
+            for name, variant in (variants or VARIANTS).items()
         ]
         failures = [job.communicate()[1].decode(errors="replace")[-2000:] for job in jobs if job.wait() != 0]
         if failures:
