@@ -92,7 +92,7 @@ def run_phase(
     options = options or EvalOptions()
     spec = load_problem(problem) if isinstance(problem, str) else problem
     backend = backend or default_backend()
-    fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list)
+    fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list, settings.cache_dir)
     key = build_cache.cache_key(code, backend, fingerprint)
     if phase == "compile":
         reused = verdict_cache.load(settings.cache_dir, key, spec)

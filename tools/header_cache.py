@@ -68,7 +68,7 @@ def torch_flags() -> list[str]:
 
 def folder(settings: SandboxSettings) -> Path:
     """This toolchain's folder of precompiled headers in the build cache."""
-    fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list)
+    fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list, settings.cache_dir)
     key = hashlib.sha256(json.dumps([fingerprint, WRAPPER_SOURCE.read_text()]).encode()).hexdigest()
     return settings.cache_dir / "headers" / key[:16]
 

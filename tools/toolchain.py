@@ -6,11 +6,13 @@ from __future__ import annotations
 import ast
 import glob
 import importlib.util
+import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -63,7 +65,7 @@ def gpu_arch() -> str | None:
 
 def build_environment(settings: SandboxSettings) -> dict[str, str]:
     """Variables that make load_inline builds work inside the sandbox, GPU or not."""
-    env = {"TORCH_CUDA_ARCH_LIST": gpu_arch() or settings.cuda_arch_list}
+    env = {"TORCH_CUDA_ARCH_LIST": toolchain_fingerprint(settings.cuda_arch_list, settings.cache_dir)["arch"]}
     if settings.worker_gpus is not None:  # the service pins each job to its lane's GPU (or hides them all)
         env["CUDA_VISIBLE_DEVICES"] = settings.worker_gpus
     home = cuda_home()
@@ -107,9 +109,36 @@ def torch_versions() -> dict[str, object]:
     return values
 
 
-@lru_cache(maxsize=1)
-def toolchain_fingerprint(settings_arch: str) -> dict[str, str]:
-    """Everything that changes what a build produces; part of the build cache key."""
+@lru_cache(maxsize=4)
+def toolchain_fingerprint(settings_arch: str, cache_dir: Path | None = None) -> dict[str, str]:
+    """Everything that changes what a build produces; part of the build cache key.
+
+    Asking nvcc, the C++ compiler and nvidia-smi costs a second or more, which a compile answered from the
+    cache would mostly spend here; so with `cache_dir` the answers are kept there, and reused while the
+    files they came from (the compilers, torch, the driver and its GPUs) are unchanged."""
+    if cache_dir is None:
+        return _ask_toolchain(settings_arch)
+    path = cache_dir / "toolchain.json"
+    probe = _toolchain_files(settings_arch)
+    try:
+        kept = json.loads(path.read_text())
+        if kept["probe"] == probe:
+            return dict(kept["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    fingerprint = _ask_toolchain(settings_arch)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        handle, staging = tempfile.mkstemp(prefix=".toolchain-", dir=cache_dir)
+        with os.fdopen(handle, "w") as out:
+            json.dump({"probe": probe, "fingerprint": fingerprint}, out)
+        os.replace(staging, path)
+    except OSError:
+        pass  # a read-only cache folder: asked again next time
+    return fingerprint
+
+
+def _ask_toolchain(settings_arch: str) -> dict[str, str]:
     home = cuda_home()
     torch_version = torch_versions()
     return {
@@ -121,3 +150,33 @@ def toolchain_fingerprint(settings_arch: str) -> dict[str, str]:
         "arch": gpu_arch() or settings_arch,
         "machine": platform.machine(),
     }
+
+
+def _toolchain_files(settings_arch: str) -> dict[str, object]:
+    """What the fingerprint is read from, as (path, size, mtime) of each file, plus the driver's GPU list."""
+    home = cuda_home()
+    spec = importlib.util.find_spec("torch")
+    files = {
+        "nvcc": str(Path(home, "bin", "nvcc")) if home else None,
+        "cxx": shutil.which(os.environ.get("CXX", "c++")),
+        "torch": str(Path(spec.origin).with_name("version.py")) if spec and spec.origin else None,
+        "python": sys.executable,
+    }
+    stats: dict[str, object] = {"arch_setting": settings_arch, "platform": platform.platform()}
+    for name, file in files.items():
+        try:
+            info = Path(file).resolve().stat() if file else None
+            stats[name] = [str(Path(file).resolve()), info.st_size, info.st_mtime_ns] if info and file else None
+        except OSError:
+            stats[name] = None
+    driver = Path("/proc/driver/nvidia")
+    stats["driver"] = _read(driver / "version")
+    stats["gpus"] = [_read(gpu / "information") for gpu in sorted(driver.glob("gpus/*"))]
+    return stats
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
