@@ -65,7 +65,10 @@ class ProblemCreate(BaseModel):
 
     """A KernelBench-format file to register: Model, get_inputs, get_init_inputs, optional metadata."""
 
-    name: str = PydanticField(pattern=PROBLEM_NAME_PATTERN, description="lower-case identifier, e.g. my_softmax")
+    name: str = PydanticField(
+        pattern=PROBLEM_NAME_PATTERN,
+        description="letters, digits and underscores, e.g. my_softmax or KernelBench's 19_ReLU",
+    )
     source: str = PydanticField(min_length=1, description="the Python source of the problem file")
 
 

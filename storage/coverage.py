@@ -4,7 +4,8 @@ A passed run_tests marks an attempt correct only when it checked every correctne
 attempt's backend with at least the default number of seeds (tools.jobs.EvalOptions().seeds); a passed benchmark
 sets the attempt's speedup only when it timed every benchmark shape. A narrower run (options.shapes, fewer seeds)
 is kept with its evaluation but counts for nothing, and its `Coverage.note` says so. A failed test counts
-whatever it covered: one wrong shape is enough. The history (attempt summaries, runs' best, the leaderboard)
+whatever it covered: one wrong shape is enough; a test the harness could not carry out (`sandbox_error`: the
+reference or its float64 truth failed) counts for nothing. The history (attempt summaries, runs' best, the leaderboard)
 and the jobs the API answers with both read this rule, so the agent reads the service's judgement.
 """
 
@@ -35,6 +36,8 @@ def counted(spec: ProblemSpec, result: PhaseResult) -> Counted:
         coverage = correctness_coverage(spec, result)
         if result.compile is not None and not result.compile.ok:
             return Counted(coverage=coverage)  # never got to test: says nothing about correctness
+        if result.status == Status.sandbox_error:
+            return Counted(coverage=coverage)  # the harness failed (the reference, its truth): not the kernel
         if not result.ok:
             return Counted(correct=False, coverage=coverage)
         return Counted(correct=True if coverage.full else None, coverage=coverage)

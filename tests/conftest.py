@@ -30,11 +30,12 @@ from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import load_problem
 from kernelloop.tools.settings import SandboxSettings
 
-# A service starts each lane's next worker ahead (two torch imports); on a 2-core runner those spares would
-# compete with the tests' own jobs, so services under test start none unless a test asks (test_worker_pool.py).
-os.environ.setdefault("KERNELLOOP_PRESTART_WORKERS", "0")
-# Precompiling torch's headers takes a minute of both cores: tests build them only where they test them.
-os.environ.setdefault("KERNELLOOP_PRECOMPILED_HEADERS", "false")
+# A service starts each lane's next worker ahead (two torch imports), and precompiles torch's headers (minutes of
+# a core); on a 2-core runner both would compete with the tests' own jobs, so services under test do neither
+# unless a test asks (test_worker_start.py, test_header_cache.py). Environments built for subprocesses keep these.
+QUIET_SERVICE_ENV = {"KERNELLOOP_PRESTART_WORKERS": "0", "KERNELLOOP_PRECOMPILED_HEADERS": "false"}
+for _name, _value in QUIET_SERVICE_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 REPO = Path(__file__).resolve().parent.parent
 SUBMISSIONS = Path(__file__).resolve().parent / "submissions"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import CPU_EXAMPLE, KERNELLOOP_COMMAND, REPO
+from conftest import CPU_EXAMPLE, KERNELLOOP_COMMAND, QUIET_SERVICE_ENV, REPO
 
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemSpec, load_problem
@@ -130,8 +130,7 @@ class ServiceProcess:
             KERNELLOOP_PROBLEMS_DIR=str(self.problems_dir),
             KERNELLOOP_CPU_WORKERS=str(cpu_workers),
             KERNELLOOP_RATE_LIMIT_PER_MINUTE=str(rate_limit),
-            KERNELLOOP_PRESTART_WORKERS=os.environ["KERNELLOOP_PRESTART_WORKERS"],
-            KERNELLOOP_PRECOMPILED_HEADERS=os.environ["KERNELLOOP_PRECOMPILED_HEADERS"],
+            **QUIET_SERVICE_ENV,
             PYTHONUNBUFFERED="1",
         )
         if token is not None:

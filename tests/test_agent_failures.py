@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import KERNELLOOP_COMMAND, PROBLEM, REPO, run_kernelloop
+from conftest import KERNELLOOP_COMMAND, PROBLEM, QUIET_SERVICE_ENV, REPO, run_kernelloop
 from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from server_fixtures import python_conv
 from sqlmodel import Session
@@ -55,6 +55,7 @@ def _env(settings: ServiceSettings, **extra: str) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("KERNELLOOP_", "OPENAI_", "ANTHROPIC_", "OPENROUTER_"))
     }
+    env.update(QUIET_SERVICE_ENV)
     env.update(KERNELLOOP_DATA_DIR=str(settings.data_dir), KERNELLOOP_PROBLEMS_DIR=str(settings.problems_dir), **extra)
     return env
 

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from conftest import REPO, run_kernelloop
+from conftest import QUIET_SERVICE_ENV, REPO, run_kernelloop
 from sqlmodel import Session
 
 from kernelloop.agent.proposers.replay import parse_transcript
@@ -26,6 +26,7 @@ SEED = REPO / "agent" / "transcripts" / "seed_causal_conv1d.txt"
 
 def _env(data_dir: Path, problems_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNELLOOP_", "OPENAI_", "ANTHROPIC_"))}
+    env.update(QUIET_SERVICE_ENV)
     env.update(KERNELLOOP_DATA_DIR=str(data_dir), KERNELLOOP_PROBLEMS_DIR=str(problems_dir))
     return env
 

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_kernelloop
+from conftest import QUIET_SERVICE_ENV, REPO, run_kernelloop
 from sqlmodel import Session
 
 from kernelloop.agent.embedded import EmbeddedService
@@ -93,6 +93,7 @@ def test_search_on_the_gpu_from_the_naive_baseline(tmp_path: Path) -> None:
         pytest.skip("no NVIDIA GPU is visible: this test runs on the H200")
     data_dir = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNELLOOP_", "OPENAI_", "ANTHROPIC_"))}
+    env.update(QUIET_SERVICE_ENV)
     env.update(KERNELLOOP_DATA_DIR=str(data_dir), KERNELLOOP_PROBLEMS_DIR=str(tmp_path / "problems"))
     done = run_kernelloop(
         "agent",

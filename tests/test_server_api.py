@@ -166,21 +166,24 @@ class ModelNew(nn.Module):
 
 
 def test_register_a_kernelbench_problem_checked_in_the_sandbox(api: httpx.Client, service: ServiceProcess) -> None:
-    created = api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM})
+    created = api.post("/v1/problems", json={"name": "19_ScaledReLU", "source": RELU_PROBLEM})
     assert created.status_code == 201, created.text
+    # KernelBench's own file name registers as it is, and the file is judged as KernelBench judges it
     assert created.json()["has_metadata"] is False and [s["name"] for s in created.json()["shapes"]] == ["default"]
-    assert api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM}).status_code == 200
+    assert api.post("/v1/problems", json={"name": "19_ScaledReLU", "source": RELU_PROBLEM}).status_code == 200
     _error(
-        api.post("/v1/problems", json={"name": "scaled_relu", "source": RELU_PROBLEM + "\n# changed\n"}),
+        api.post("/v1/problems", json={"name": "19_ScaledReLU", "source": RELU_PROBLEM + "\n# changed\n"}),
         409,
         "body.name",
     )
-    assert (service.problems_dir / "scaled_relu" / "problem.py").read_text() == RELU_PROBLEM
+    assert (service.problems_dir / "19_ScaledReLU" / "problem.py").read_text() == RELU_PROBLEM
     # workers import it: a candidate against it passes its tests
     tested = api.post(
-        "/v1/test", json={"problem": "scaled_relu", "code": RELU_KERNEL, "backend": "cpu", "options": {"seeds": 1}}
+        "/v1/test", json={"problem": "19_ScaledReLU", "code": RELU_KERNEL, "backend": "cpu", "options": {"seeds": 1}}
     )
     assert tested.status_code == 200 and tested.json()["outcome"] == "passed", tested.text
+    (result,) = [r for r in tested.json()["results"] if r["kind"] == "test"]
+    assert result["tolerance"]["name"] == "kernelbench" and len(result["checks"]) == 5  # its five input sets
 
 
 @pytest.mark.parametrize(

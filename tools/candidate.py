@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,28 +36,6 @@ def model_new_class(module: ModuleType) -> type[torch.nn.Module] | None:
     if inspect.isclass(candidate) and issubclass(candidate, torch.nn.Module):
         return candidate
     return None
-
-
-@dataclass
-class ModelPair:
-    reference: torch.nn.Module
-    candidate: torch.nn.Module
-    parameter_mapping: str
-
-
-def build_pair(
-    problem_module: ModuleType, model_new: type[torch.nn.Module], shape: ShapeSpec, device: torch.device, seed: int
-) -> ModelPair:
-    """Model and ModelNew from the same init inputs, with the reference's parameters copied over.
-
-    A TypeError from ModelNew's constructor propagates: the caller reports it as a signature error.
-    """
-    torch.manual_seed(seed)
-    reference = problem_module.Model(*shape.init_inputs).to(device).eval()
-    torch.manual_seed(seed)
-    candidate = model_new(*shape.init_inputs).to(device).eval()
-    mapping = copy_parameters(reference, candidate)
-    return ModelPair(reference, candidate, mapping)
 
 
 def copy_parameters(reference: torch.nn.Module, candidate: torch.nn.Module) -> str:

@@ -1,8 +1,9 @@
 """Inside the worker: compare an output against the float64 ground truth and say how it differs.
 
 An element mismatches when |got - truth| > tolerance * max|truth|: a scale-aware bound that the eager
-reference (cuDNN TF32 or strict fp32) passes with margin, and that any indexing bug fails by far. Integer
-and boolean outputs are compared exactly.
+reference (cuDNN TF32 or strict fp32) passes with margin, and that any indexing bug fails by far. Under the
+kernelbench policy an element mismatches as KernelBench has it: outside torch.allclose of the reference in
+its own precision. Integer and boolean outputs are compared exactly.
 """
 
 from __future__ import annotations
@@ -135,11 +136,53 @@ def _compare_exactly(got: torch.Tensor, truth: torch.Tensor) -> ShapeCheck:
 
 
 def compare_outputs(got: Any, truths: list[torch.Tensor], tolerance: float) -> ShapeCheck:
-    """Compare every output tensor; the first failing one decides the verdict."""
-    checks = [compare(g, t, tolerance) for g, t in zip(flatten_outputs(got) or [], truths)]
+    """Compare every output tensor against the float64 truth; the first failing one decides the verdict."""
+    return _first_failing([compare(g, t, tolerance) for g, t in zip(flatten_outputs(got) or [], truths)])
+
+
+def compare_allclose(got: Any, references: list[torch.Tensor], atol: float, rtol: float) -> ShapeCheck:
+    """KernelBench's check: every output passes torch.allclose(got, reference, atol, rtol) against the reference
+    in its own precision (a NaN anywhere fails it); integer and boolean outputs compare exactly."""
+    return _first_failing([_allclose(g, r, atol, rtol) for g, r in zip(flatten_outputs(got) or [], references)])
+
+
+def _first_failing(checks: list[ShapeCheck]) -> ShapeCheck:
+    """The first failing output's check (named, when there are several outputs), else the largest error's."""
+    if len(checks) > 1:
+        for index, check in enumerate(checks):
+            if check.message:
+                check.message = f"output {index}: {check.message}"
     failing = [c for c in checks if c.status != Status.passed]
-    worst = failing[0] if failing else max(checks, key=lambda c: c.max_rel_error or 0.0)
-    return worst
+    return failing[0] if failing else max(checks, key=lambda c: c.max_rel_error or 0.0)
+
+
+def _allclose(got: torch.Tensor, reference: torch.Tensor, atol: float, rtol: float) -> ShapeCheck:
+    if is_exact(reference):
+        return _compare_exactly(got, reference)
+    close = torch.isclose(got.detach(), reference, rtol=rtol, atol=atol)
+    mismatches = int((~close).sum().item())
+    diff = (got.detach().double() - reference.double()).abs()
+    finite = diff[torch.isfinite(diff)]
+    scale = reference.abs().max().item() if reference.numel() else 0.0
+    max_abs = float(finite.max().item()) if finite.numel() else 0.0
+    check = ShapeCheck(
+        shape="",
+        seed=0,
+        status=Status.passed,
+        max_abs_error=max_abs,
+        max_rel_error=max_abs / (scale or 1.0),
+        mismatches=mismatches,
+        nan_count=int(torch.isnan(got).sum().item()),
+        inf_count=int(torch.isinf(got).sum().item()),
+    )
+    if mismatches:
+        first = _first_mismatch(~close, got.detach().double(), reference.double())
+        check.status, check.first_mismatch = Status.wrong_result, first
+        check.message = (
+            f"{mismatches} of {got.numel()} elements fail torch.allclose(atol={atol:g}, rtol={rtol:g}) against the "
+            f"reference; first at {first.index}: got {first.got:.6g}, expected {first.expected:.6g}"
+        )
+    return check
 
 
 def inputs_unchanged(before: list[Any], after: list[Any]) -> str | None:

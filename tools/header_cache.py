@@ -13,16 +13,19 @@ change torch's headers).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from kernelloop.tools import toolchain
@@ -33,9 +36,10 @@ HEADER = "torch_extension.h"
 WRAPPER_SOURCE = Path(__file__).resolve().parent / "cxx_wrapper.sh"
 WRAPPER = Path("bin") / "c++"
 """where the wrapper lies in the folder, executable (its name must say c++: torch checks the compiler's name)"""
-VARIANTS = {"O0": [], "O1": ["-O1"], "O2": ["-O2"], "O3": ["-O3"]}
-"""the optimization levels extensions are built with (load_inline's default is none, i.e. -O0)"""
+VARIANTS = {"O0": [], "O3": ["-O3"], "O2": ["-O2"], "O1": ["-O1"]}
+"""the optimization levels extensions are built with, most used first (load_inline's default is none: -O0)"""
 _building = threading.Lock()
+PR_SET_PDEATHSIG = 1
 
 
 # Run in a child interpreter: torch writes the build.ninja of an empty extension, and stops before building it.
@@ -82,24 +86,48 @@ def ready(settings: SandboxSettings) -> Path | None:
 
 
 def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = None) -> Path | None:
-    """Build this toolchain's precompiled headers unless they exist (`variants`, default all of VARIANTS, in
-    parallel). None when the compiler cannot (the reason is logged): builds then parse the header in full."""
+    """Build this toolchain's precompiled headers unless they exist (`variants`, default all of VARIANTS). None
+    when the compiler cannot (the reason is logged): builds then parse the header in full.
+
+    Each variant takes a core and about 1.7 GB for half a minute, so they run a few at a time (a quarter of
+    the cores), at low priority, and die with this process rather than outlive it."""
     target = folder(settings)
     with _building:
         if (target / f"{HEADER}.gch").is_dir():
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_staging(target.parent)
         try:
             flags = torch_flags()
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             log.warning("no precompiled torch headers (builds parse them in full): %s", exc)
             return None
         staging = Path(tempfile.mkdtemp(prefix=".headers-", dir=target.parent))
-        (staging / HEADER).write_text("#include <torch/extension.h>\n")
-        (staging / f"{HEADER}.gch").mkdir()
-        (staging / WRAPPER).parent.mkdir()
-        shutil.copyfile(WRAPPER_SOURCE, staging / WRAPPER)
-        compiler = os.environ.get("CXX", "c++")
+        try:
+            failure = _compile_variants(staging, flags, variants or VARIANTS)
+            if failure:
+                log.warning("no precompiled torch headers (builds parse them in full): %s", failure)
+                return None
+            for path in [*staging.rglob("*"), staging]:
+                path.chmod(0o555 if path.is_dir() or path == staging / WRAPPER else 0o444)
+            os.rename(staging, target)
+        finally:
+            if staging.exists():
+                _remove(staging)
+    return target
+
+
+def _compile_variants(staging: Path, flags: list[str], variants: dict[str, list[str]]) -> str | None:
+    """Compile each variant into `staging`; the first failure's message, or None."""
+    (staging / HEADER).write_text("#include <torch/extension.h>\n")
+    (staging / f"{HEADER}.gch").mkdir()
+    (staging / WRAPPER).parent.mkdir()
+    shutil.copyfile(WRAPPER_SOURCE, staging / WRAPPER)
+    compiler = os.environ.get("CXX", "c++")
+    pending = list(variants.items())
+    at_once = max(1, (os.cpu_count() or 1) // 4)
+    while pending:
+        batch, pending = pending[:at_once], pending[at_once:]
         jobs = [
             subprocess.Popen(
                 [
@@ -114,19 +142,40 @@ def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = Non
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                preexec_fn=lambda: os.nice(10),  # behind the jobs: a head start for later builds, not urgent
-            )
-            for name, variant in (variants or VARIANTS).items()
+                preexec_fn=_behind_the_jobs,
+            )  # fmt: skip
+            for name, variant in batch
         ]
-        failures = [job.communicate()[1].decode(errors="replace")[-2000:] for job in jobs if job.wait() != 0]
-        if failures:
-            shutil.rmtree(staging, ignore_errors=True)
-            log.warning("no precompiled torch headers (builds parse them in full): %s", failures[0])
-            return None
-        for path in [*staging.rglob("*"), staging]:
-            path.chmod(0o555 if path.is_dir() or path == staging / WRAPPER else 0o444)
-        os.rename(staging, target)
-    return target
+        for job in jobs:
+            _, stderr = job.communicate()
+            if job.returncode != 0:
+                return stderr.decode(errors="replace")[-2000:]
+    return None
+
+
+def _behind_the_jobs() -> None:
+    """In the compiler, before exec: low priority, and killed when the thread that started it ends (at the
+    latest when this process does)."""
+    os.nice(10)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _remove_stale_staging(parent: Path) -> None:
+    """Half-built folders a killed process left (an hour old: no build takes that long)."""
+    for stale in parent.glob(".headers-*"):
+        try:
+            if time.time() - stale.stat().st_mtime > 3600:
+                _remove(stale)
+        except OSError:
+            continue
+
+
+def _remove(path: Path) -> None:
+    for item in [path, *path.rglob("*")]:
+        if item.is_dir():
+            item.chmod(0o755)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def build_in_background(settings: SandboxSettings) -> None:

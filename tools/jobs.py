@@ -6,6 +6,8 @@ The caller writes one `WorkerJob` as JSON to the worker's stdin; the worker answ
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kernelloop.tools.phase_registry import Phase
@@ -19,7 +21,15 @@ class EvalOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     shapes: list[str] | None = Field(None, description="names of shapes to use; default: all of the phase's shapes")
-    seeds: int = Field(3, ge=1, le=20, description="fresh random input sets per correctness shape")
+    seeds: int = Field(
+        3, ge=1, le=20, description="fresh random input sets per correctness shape (the kernelbench policy: 5 at least)"
+    )
+    policy: Literal["strict", "tf32", "kernelbench"] | None = Field(
+        None,
+        description="how a test judges: strict (fp32) or tf32 against the float64 truth, or kernelbench "
+        "(KernelBench's own check: allclose against the reference, models in training mode); default: the "
+        "problem's own (kernelbench for a KernelBench file without our metadata)",
+    )
     timeout_s: float | None = Field(
         None, gt=0, le=3600, description="wall-clock limit of the worker; default per phase"
     )

@@ -30,7 +30,13 @@ import torch
 
 from kernelloop.tools import candidate, checking, devices, timing
 from kernelloop.tools.jobs import WorkerJob
-from kernelloop.tools.problems import ShapeSpec, import_problem_module
+from kernelloop.tools.problems import (
+    TOLERANCES,
+    ShapeSpec,
+    import_problem_module,
+    kernelbench_policy,
+    verdict_policy,
+)
 from kernelloop.tools.results import (
     BenchmarkResult,
     CompileResult,
@@ -39,6 +45,7 @@ from kernelloop.tools.results import (
     ShapeCheck,
     Status,
     TestResult,
+    TolerancePolicy,
 )
 from kernelloop.tools.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.runner_messages import (
@@ -90,6 +97,7 @@ class Session:
     device: torch.device
     problem_module: ModuleType
     dtype: torch.dtype
+    policy: TolerancePolicy
     launch_overhead_ms: float = 0.0
     calls_made: int = 0
     ops: set[str] = field(default_factory=set)
@@ -173,7 +181,7 @@ def _start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileRes
     result.device = started.device
     session = Session(
         job, link, report, device, problem_module, DTYPES.get(job.problem.dtype, torch.float32),
-        launch_overhead_ms=started.launch_overhead_ms,
+        verdict_policy(job.problem, job.options.policy), launch_overhead_ms=started.launch_overhead_ms,
     )  # fmt: skip
     return result, session
 
@@ -219,9 +227,12 @@ def _selected(shapes: list[ShapeSpec], names: list[str] | None) -> list[ShapeSpe
     return [s for s in shapes if names is None or s.name in names]
 
 
-def _set_precision_policy(allow_tf32: bool) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-    torch.backends.cudnn.allow_tf32 = allow_tf32
+def _set_precision_policy(policy: TolerancePolicy) -> None:
+    """TF32 on or off for the judge's reference; the kernelbench policy keeps PyTorch's defaults, as KernelBench
+    does (TF32 off for matmuls, on for cuDNN convolutions)."""
+    kernelbench = policy.name == "kernelbench"
+    torch.backends.cuda.matmul.allow_tf32 = policy.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True if kernelbench else policy.allow_tf32
 
 
 def _synchronize(device: torch.device) -> None:
@@ -240,15 +251,16 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
         backend=job.backend,
         device=compiled.device,
         compile=compiled,
-        tolerance=job.problem.tolerance,
+        tolerance=verdict_policy(job.problem, job.options.policy),
         step_seconds=compiled.step_seconds,
     )
     if session is None or compiled.status != Status.passed:
         return result
     report(result)
-    _set_precision_policy(job.problem.tolerance.allow_tf32)
+    _set_precision_policy(session.policy)
+    trials = max(job.options.seeds, session.policy.min_trials)
     for shape in _selected(job.problem.correctness_shapes(job.backend), job.options.shapes):
-        for seed in [secrets.randbelow(2**31) for _ in range(job.options.seeds)]:
+        for seed in [secrets.randbelow(2**31) for _ in range(trials)]:
             result.message = f"checking shape {shape.name}, seed {seed}"
             report(result)  # should the judge die in this check, the caller can name the shape
             try:
@@ -258,6 +270,7 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
                 failure = _as_failure(exc, "in forward")
                 check = ShapeCheck(shape=shape.name, seed=seed, status=failure.status, message=failure.message)
             result.checks.append(check)
+            _tally_other_verdicts(result, check)
             report(result)
             if check.status != Status.passed:
                 result.status, result.message = check.status, f"shape {shape.name}, seed {seed}: {check.message}"
@@ -270,7 +283,19 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
         result.message = f"ModelNew called {', '.join(forbidden)}: the reference's own operator may not do the work"
     else:
         result.status, result.message = Status.passed, f"{len(result.checks)} checks passed"
+        failed_elsewhere = {name: status for name, status in result.other_verdicts.items() if status != Status.passed}
+        if failed_elsewhere:
+            result.message += " (" + ", ".join(f"the {n} policy: {s.value}" for n, s in failed_elsewhere.items()) + ")"
     return result
+
+
+def _tally_other_verdicts(result: TestResult, check: ShapeCheck) -> None:
+    """Keep, per other policy, passed or the status of its first failing check."""
+    for name, status in check.verdicts.items():
+        if result.tolerance is not None and name == result.tolerance.name:
+            continue
+        if result.other_verdicts.get(name, Status.passed) == Status.passed:
+            result.other_verdicts[name] = status
 
 
 @dataclass
@@ -333,6 +358,7 @@ def _prepare(
         parameters=shared.parameters,
         input_sets=shared.input_sets,
         output_slots=shared.slots,
+        training_mode=session.policy.training_mode,
     )
     prepared = session.link.ask(request, Prepared, 120, fds=shared.fds)
     shared.close()  # the runner holds its own copies of the descriptors now
@@ -371,26 +397,18 @@ def _mutated(views: list[torch.Tensor | None], originals: list[Any]) -> str | No
 
 
 def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult) -> ShapeCheck:
-    """The candidate twice on one fresh input, each time into NaN-filled buffers, against the float64 truth
-    the judge computed from its own reference; the two runs must agree."""
-    job, device = session.job, session.device
-    tol = job.problem.tolerance.max_rel_error
-    torch.manual_seed(seed)
-    reference = session.problem_module.Model(*shape.init_inputs).to(device).eval()
-    inputs = candidate.make_inputs(session.problem_module, shape, session.dtype, device, seed)
-    with torch.no_grad():
-        started = time.perf_counter()
-        reference_out = checking.flatten_outputs(reference(*candidate.clone_inputs(inputs))) or []
-        _synchronize(device)
-        reference_s = time.perf_counter() - started
-        reference64 = copy.deepcopy(reference).double()
-        truth = checking.flatten_outputs(
-            reference64(*[x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs])
-        ) or []  # fmt: skip
-        del reference64
-    reference_error = max((checking.relative_max_error(r, t) for r, t in zip(reference_out, truth)), default=0.0)
+    """The candidate twice on one fresh input, each time into NaN-filled buffers, judged under the session's
+    policy (against the float64 truth the judge computed from its own reference, or, under kernelbench, by
+    allclose against that reference's own output); the two runs must agree. The other policy's verdict is
+    computed beside it from the same outputs, where the models' mode makes no difference to the reference."""
+    job, device, policy = session.job, session.device, session.policy
+    tol = policy.max_rel_error
+    expected = _expected(session, shape, seed)
+    reference, inputs, reference_out, truth = expected.reference, expected.inputs, expected.outputs, expected.truth
+    if truth is None and policy.name != "kernelbench":  # a policy that judges by the truth cannot judge at all
+        raise Fail(Status.sandbox_error, expected.truth_error)
+    reference_error = max((checking.relative_max_error(r, t) for r, t in zip(reference_out, truth or [])), default=0.0)
     shared = _share(device, reference, [inputs], reference_out, n_slots=2)
-    del reference_out
     prepared = _prepare(session, "candidate", shape, seed, shared)
     if not result.parameter_mapping:
         result.parameter_mapping = prepared.parameter_mapping
@@ -398,15 +416,24 @@ def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult
     for slot_index, what in ((0, "forward"), (1, "the second forward")):
         _poison(shared.slot_views[slot_index])
         _synchronize(device)
-        called = session.ask_call(Call(input_set=0, slot=slot_index, timed=False), reference_s)
+        called = session.ask_call(Call(input_set=0, slot=slot_index, timed=False), expected.seconds)
         outputs.append(_take_outputs(called, shared.slot_views[slot_index], what))
         mutated = _mutated(shared.input_views[0], inputs)
         if mutated:
             raise Fail(Status.input_mutated, mutated)
     session.observe()
     first, second = outputs
-    check = checking.compare_outputs(first, truth, tol)
-    again = checking.compare_outputs(second, truth, tol)
+    strict = TOLERANCES["fp32"] if policy.name == "kernelbench" else policy
+
+    def by_truth(out: list[torch.Tensor]) -> ShapeCheck:
+        return checking.compare_outputs(out, truth or [], strict.max_rel_error)
+
+    def by_kernelbench(out: list[torch.Tensor]) -> ShapeCheck:
+        kernelbench = kernelbench_policy(job.problem.dtype)
+        return checking.compare_allclose(out, reference_out, kernelbench.atol or 0.0, kernelbench.rtol or 0.0)
+
+    judge, other = (by_kernelbench, by_truth) if policy.name == "kernelbench" else (by_truth, by_kernelbench)
+    check, again = judge(first), judge(second)
     if check.status == Status.passed and again.status != Status.passed:
         check = again
         check.message = "the second run on the same input: " + check.message
@@ -415,14 +442,81 @@ def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult
         if drift > tol:
             check.status = Status.nondeterministic
             check.message = f"two runs on one input differ by {drift:.3g} x max|output| (tolerance {tol:g}): a race?"
-    check.shape, check.seed, check.reference_max_rel_error = shape.name, seed, reference_error
-    if check.status == Status.passed and reference_error > tol / 2:
+    check.shape, check.seed = shape.name, seed
+    check.reference_max_rel_error = reference_error if truth is not None else None
+    if check.status == Status.passed and policy.name != "kernelbench" and reference_error > tol / 2:
         check.status = Status.sandbox_error
         check.message = (
             f"the reference's own error {reference_error:.3g} leaves less than a 2x margin under the "
             f"tolerance {tol:g}: this problem's tolerance policy is too tight to judge by"
         )
+    check.verdicts = {policy.name: check.status}
+    if not expected.mode_matters and truth is not None:
+        check.verdicts[strict.name if policy.name == "kernelbench" else "kernelbench"] = other(first).status
     return check
+
+
+@dataclass
+class _Expected:
+    """The judge's side of one check: its reference, the inputs, the reference's output and the float64 truth."""
+
+    reference: torch.nn.Module
+    inputs: list[Any]
+    outputs: list[torch.Tensor]
+    seconds: float
+    truth: list[torch.Tensor] | None
+    truth_error: str
+    mode_matters: bool
+    """the reference's output changes with its mode (batch norm, dropout): the other policy's verdict would need
+    runs of its own, so it is not given"""
+
+
+def _expected(session: Session, shape: ShapeSpec, seed: int) -> _Expected:
+    """Build the reference, draw the inputs, run it, and compute the float64 truth. A failure here is the
+    judge's (the problem's, or the machine's), never the kernel's: `sandbox_error`, saying what to change."""
+    device, policy = session.device, session.policy
+    try:
+        torch.manual_seed(seed)
+        reference = _in_mode(session.problem_module.Model(*shape.init_inputs).to(device), policy)
+        inputs = candidate.make_inputs(session.problem_module, shape, session.dtype, device, seed)
+        with torch.no_grad():
+            started = time.perf_counter()
+            outputs = checking.flatten_outputs(reference(*candidate.clone_inputs(inputs))) or []
+            _synchronize(device)
+            seconds = time.perf_counter() - started
+            in_other_mode = copy.deepcopy(reference).train(not policy.training_mode)
+            other = checking.flatten_outputs(in_other_mode(*candidate.clone_inputs(inputs))) or []
+            mode_matters = len(other) != len(outputs) or not all(torch.equal(a, b) for a, b in zip(other, outputs))
+            del in_other_mode, other
+    except Exception as exc:
+        raise Fail(Status.sandbox_error, _harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
+    truth, truth_error = None, ""
+    try:
+        with torch.no_grad():
+            reference64 = copy.deepcopy(reference).double()
+            as64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+            truth = checking.flatten_outputs(reference64(*as64)) or []
+            del reference64, as64
+    except Exception as exc:
+        truth_error = _harness_failure(
+            f"the float64 truth of shape {shape.name} could not be computed", exc, "--policy kernelbench (which "
+            "compares against the reference in its own precision) judges this problem without it"
+        )  # fmt: skip
+    return _Expected(reference, inputs, outputs, seconds, truth, truth_error, mode_matters)
+
+
+def _harness_failure(what: str, exc: BaseException, remedy: str = "") -> str:
+    """A failure on the judge's side, said as such, with what would let the problem be judged."""
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        remedy = remedy or "the shape needs more memory than the device has: give the problem a smaller shape"
+    else:
+        remedy = remedy or "fix the problem file (its Model, get_inputs or get_init_inputs)"
+    return f"{what} (the problem's side, not the kernel's): {_error_text(exc)[:500]}; {remedy}"
+
+
+def _in_mode(model: torch.nn.Module, policy: TolerancePolicy) -> torch.nn.Module:
+    """The judge's reference as the policy calls it: as constructed (training mode) or in eval mode."""
+    return model if policy.training_mode else model.eval()
 
 
 # ---- benchmark ----------------------------------------------------------------------------------------------
@@ -449,7 +543,7 @@ def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> Benchma
     )
     if session is None:
         return result
-    _set_precision_policy(job.problem.tolerance.allow_tf32)
+    _set_precision_policy(session.policy)
     result.call_overhead_ms = session.launch_overhead_ms if session.device.type == "cuda" else None
     shapes = _selected(job.problem.benchmark_shapes(job.backend), job.options.shapes)
     try:
@@ -492,13 +586,17 @@ def _shape_inputs(
     session: Session, shape: ShapeSpec, seed: int
 ) -> tuple[torch.nn.Module, list[list[Any]], list[torch.Tensor]]:
     """The judge's reference for a shape, two input sets, and the reference's output on the first."""
-    torch.manual_seed(seed)
-    reference = session.problem_module.Model(*shape.init_inputs).to(session.device).eval()
-    input_sets = [
-        candidate.make_inputs(session.problem_module, shape, session.dtype, session.device, seed + i) for i in range(2)
-    ]
-    with torch.no_grad():
-        outputs = checking.flatten_outputs(reference(*input_sets[0])) or []
+    try:
+        torch.manual_seed(seed)
+        reference = _in_mode(session.problem_module.Model(*shape.init_inputs).to(session.device), session.policy)
+        input_sets = [
+            candidate.make_inputs(session.problem_module, shape, session.dtype, session.device, seed + i)
+            for i in range(2)
+        ]
+        with torch.no_grad():
+            outputs = checking.flatten_outputs(reference(*input_sets[0])) or []
+    except Exception as exc:
+        raise Fail(Status.sandbox_error, _harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
     if not outputs:
         raise Fail(Status.sandbox_error, f"the reference's forward for shape {shape.name} returned no tensor")
     return reference, input_sets, outputs
@@ -540,7 +638,7 @@ def _benchmark_one(
     result: BenchmarkResult,
 ) -> ShapeBenchmark:
     job, device = session.job, session.device
-    tol = job.problem.tolerance.max_rel_error
+    tol = session.policy.max_rel_error
     seed = secrets.randbelow(2**31)
     reference, private_sets, outputs = _shape_inputs(session, shape, seed)
     shared = _share(device, reference, private_sets, outputs, n_slots=len(private_sets))
@@ -635,9 +733,7 @@ def _benchmark_one(
     if seconds > 0:
         entry.tflops = shape.flops / seconds / 1e12 if shape.flops else None
         entry.gbps = shape.bytes / seconds / 1e9 if shape.bytes else None
-    entry.memory_floor_ms, entry.floor_ms = devices.floors(
-        peaks, shape.flops, shape.bytes, job.problem.tolerance.allow_tf32
-    )
+    entry.memory_floor_ms, entry.floor_ms = devices.floors(peaks, shape.flops, shape.bytes, session.policy.allow_tf32)
     if entry.floor_ms and cand.median_ms > 0:
         entry.fraction_of_floor = entry.floor_ms / cand.median_ms
     unaccounted = statistics.median(e - r for e, r in zip(tally.envelope, tally.reported))

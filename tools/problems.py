@@ -39,6 +39,36 @@ TOLERANCES = {
     "tf32": TolerancePolicy(name="tf32", max_rel_error=2e-3, allow_tf32=True),
     "fp32": TolerancePolicy(name="fp32", max_rel_error=1e-5, allow_tf32=False),
 }
+POLICY_CHOICES = ("strict", "tf32", "kernelbench")
+"""what a request or the command line may ask for (strict is the fp32 policy)"""
+KERNELBENCH_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
+"""KernelBench's atol = rtol for each precision (src/kernelbench/eval.py, get_tolerance_for_precision)"""
+SPEC_FORMAT = 2
+"""bumped when what a spec holds changes, so a spec cached by an earlier version is derived again"""
+
+
+def kernelbench_policy(dtype: str) -> TolerancePolicy:
+    """KernelBench's correctness check: its models called as constructed, five input sets, torch.allclose against
+    the reference in the problem's precision with its tolerance for that precision."""
+    tolerance = KERNELBENCH_TOLERANCE.get(dtype, 1e-4)
+    return TolerancePolicy(
+        name="kernelbench",
+        max_rel_error=tolerance,
+        allow_tf32=False,
+        atol=tolerance,
+        rtol=tolerance,
+        training_mode=True,
+        min_trials=5,
+    )
+
+
+def verdict_policy(problem: ProblemSpec, choice: str | None) -> TolerancePolicy:
+    """The policy a job is judged under: the one asked for, else the problem's own."""
+    if choice is None:
+        return problem.tolerance
+    if choice == "kernelbench":
+        return kernelbench_policy(problem.dtype)
+    return TOLERANCES["fp32" if choice == "strict" else choice]
 
 
 class ProblemError(ValueError):
@@ -60,8 +90,9 @@ class ShapeSpec(BaseModel):
     bytes: int | None = None
 
 
-PROBLEM_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
-"""A registered problem's name: also the folder its file is kept in, so nothing but these characters."""
+PROBLEM_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_]{0,63}$"
+"""A registered problem's name: also the folder its file is kept in, so nothing but letters, digits and underscores
+(KernelBench's own file names, such as 19_ReLU, register as they are)."""
 
 
 class ProblemSpec(BaseModel):
@@ -148,7 +179,7 @@ def load_problem_file(path: Path, name: str | None = None, cache_dir: Path | Non
         raise ProblemError(f"{path}: no such problem file")
     if cache_dir is None:
         return _derive_spec(path, name)
-    key = json.dumps([str(path), name, path.read_text(), toolchain.torch_versions().get("__version__")])
+    key = json.dumps([SPEC_FORMAT, str(path), name, path.read_text(), toolchain.torch_versions().get("__version__")])
     cached = cache_dir / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
     try:
         return ProblemSpec.model_validate_json(cached.read_bytes())
@@ -172,12 +203,15 @@ def _derive_spec(path: Path, name: str | None) -> ProblemSpec:
     has_metadata = hasattr(module, "SHAPES")
     shapes = _shapes_from_metadata(module, path) if has_metadata else [_default_shape(module)]
     allow_tf32 = bool(getattr(module, "ALLOW_TF32", False))
+    dtype = str(getattr(module, "DTYPE", "float32"))
+    # A KernelBench file is judged as KernelBench judges it unless it says otherwise; ours by their metadata
+    tolerance = TOLERANCES["tf32" if allow_tf32 else "fp32"] if has_metadata else kernelbench_policy(dtype)
     return ProblemSpec(
         name=name or (path.parent.name if path.name == "problem.py" else path.stem),
         path=str(path),
         source=path.read_text(),
-        dtype=str(getattr(module, "DTYPE", "float32")),
-        tolerance=TOLERANCES["tf32" if allow_tf32 else "fp32"],
+        dtype=dtype,
+        tolerance=tolerance,
         forbidden_ops=list(getattr(module, "FORBIDDEN_OPS", [])),
         shapes=shapes,
         has_metadata=has_metadata,

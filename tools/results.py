@@ -137,12 +137,30 @@ class ShapeCheck(BaseModel):
     nan_count: int = 0
     inf_count: int = 0
     reference_max_rel_error: float | None = Field(None, description="the eager reference's own error, same measure")
+    verdicts: dict[str, Status] = Field(
+        {}, description="the status each policy gives this check: the one judged under, and the other computed beside"
+    )
+
+
+PolicyName = Literal["fp32", "tf32", "kernelbench"]
 
 
 class TolerancePolicy(BaseModel):
-    name: Literal["tf32", "fp32"]
-    max_rel_error: float = Field(description="an element mismatches when |got-truth| > this * max|truth|")
+    """How a test judges: against the float64 truth by a scale-aware bound (fp32, tf32; ours), or as KernelBench
+    does (allclose against the reference in the problem's precision, modules as constructed)."""
+
+    name: PolicyName
+    max_rel_error: float = Field(
+        description="fp32, tf32: an element mismatches when |got-truth| > this * max|truth| (the float64 truth); "
+        "every policy: the bound of a benchmark's check of each timed output against the reference"
+    )
     allow_tf32: bool
+    atol: float | None = Field(None, description="kernelbench: torch.allclose(candidate, reference, atol, rtol)")
+    rtol: float | None = None
+    training_mode: bool = Field(
+        False, description="the models are called as constructed (training mode), as KernelBench calls them"
+    )
+    min_trials: int = Field(1, description="input sets per shape at least (KernelBench checks 5)")
 
 
 class TestResult(PhaseResult):
@@ -150,7 +168,12 @@ class TestResult(PhaseResult):
     kind: Literal["test"] = "test"
 
     compile: CompileResult | None = None
-    tolerance: TolerancePolicy | None = None
+    tolerance: TolerancePolicy | None = Field(None, description="the policy this test was judged under")
+    other_verdicts: dict[str, Status] = Field(
+        {},
+        description="what the other policy (KernelBench's, or ours against the float64 truth) would have said: "
+        "passed, or the status of its first failing check",
+    )
     checks: list[ShapeCheck] = []
     parameter_mapping: str = Field("", description="how the reference's parameters were copied into ModelNew")
     ops_called: list[str] = Field([], description="aten operators the candidate's forward dispatched")

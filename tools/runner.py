@@ -53,6 +53,11 @@ _disable_observer = torch.autograd._disable_profiler_legacy
 _OBSERVER_CONFIG = profiler_legacy.profile().config()  # CPU operator events only, no shapes, no stacks
 
 
+def _in_mode(model: torch.nn.Module, training_mode: bool) -> torch.nn.Module:
+    """As constructed (training mode, as KernelBench calls models), or in eval mode."""
+    return model if training_mode else model.eval()
+
+
 def _why_no_gpu() -> str:
     """What CUDA says when torch finds no GPU: none bound into the sandbox, or a driver that failed to start."""
     nodes = sorted(p.name for p in Path("/dev").glob("nvidia*"))
@@ -192,7 +197,7 @@ class Runner:
         assert self.problem_module is not None
         self.model = self.input_sets = self.output_slots = None  # type: ignore[assignment]
         torch.manual_seed(request.seed)
-        layout = self.problem_module.Model(*request.shape.init_inputs).to(self.device).eval()
+        layout = _in_mode(self.problem_module.Model(*request.shape.init_inputs).to(self.device), request.training_mode)
         state = candidate.state_tensors(layout)
         with torch.no_grad():
             for name, shared in request.parameters.items():
@@ -205,7 +210,7 @@ class Runner:
             assert self.model_new is not None
             try:
                 torch.manual_seed(request.seed)
-                self.model = self.model_new(*request.shape.init_inputs).to(self.device).eval()
+                self.model = _in_mode(self.model_new(*request.shape.init_inputs).to(self.device), request.training_mode)
                 mapping = candidate.copy_parameters(layout, self.model)
             except TypeError as exc:
                 return Prepared(error=f"ModelNew raised {_error_text(exc)}", signature_error=True)

@@ -65,6 +65,7 @@ class Prepare(BaseModel):
     parameters: dict[str, SharedTensor]
     input_sets: list[list[Argument]]
     output_slots: list[list[SharedTensor]]
+    training_mode: bool = Field(False, description="leave the models as constructed, not in eval mode")
 
 
 class Call(BaseModel):

@@ -13,7 +13,7 @@ from kernelloop.cli.live_line import LiveLine
 from kernelloop.tools.api import benchmark, default_backend, run_phase, run_tests
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import PHASES
-from kernelloop.tools.problems import PROBLEMS_DIR, ProblemError, load_problem
+from kernelloop.tools.problems import POLICY_CHOICES, PROBLEMS_DIR, ProblemError, load_problem
 from kernelloop.tools.results import (
     BenchmarkResult,
     CompileResult,
@@ -43,8 +43,16 @@ def _format_compile(result: CompileResult) -> list[str]:
 
 def _format_test(result: TestResult) -> list[str]:
     lines = []
-    if result.tolerance:
-        lines.append(f"tolerance: {result.tolerance.name} (max error {result.tolerance.max_rel_error:g} x max|truth|)")
+    policy = result.tolerance
+    if policy is not None and policy.name == "kernelbench":
+        lines.append(
+            f"policy: kernelbench (torch.allclose against the reference, atol={policy.atol:g}, rtol={policy.rtol:g}, "
+            "models in training mode)"
+        )
+    elif policy is not None:
+        lines.append(f"policy: {policy.name} (max error {policy.max_rel_error:g} x max|float64 truth|)")
+    for name, status in result.other_verdicts.items():
+        lines.append(f"  under the {name} policy it would have {'passed' if status == Status.passed else status.value}")
     if result.parameter_mapping:
         lines.append(f"parameters: {result.parameter_mapping}")
     lines.append(f"{'shape':34} {'seed':>11} {'status':14} {'max rel err':>12} {'ref err':>10}  detail")
@@ -118,6 +126,7 @@ def _run_tool(args: argparse.Namespace) -> int:
         compare_torch_compile=args.torch_compile,
         time_budget_s=args.time_budget,
         timeout_s=args.timeout,
+        policy=args.policy,
     )
     backend = args.backend or default_backend()
     with LiveLine(args.phase, sys.stderr) as live:
@@ -153,6 +162,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--torch-compile", action="store_true", help="also time torch.compile(Model) (bench)")
         p.add_argument("--time-budget", type=float, default=2.0, help="seconds of timing per shape (bench)")
         p.add_argument("--timeout", type=float, help="wall-clock limit of the worker, seconds")
+        p.add_argument(
+            "--policy",
+            choices=POLICY_CHOICES,
+            help="how a test judges: strict (fp32) or tf32 against the float64 truth, or kernelbench (KernelBench's "
+            "own check); default: the problem's (kernelbench for a KernelBench file without our metadata)",
+        )
         p.set_defaults(handler=_run_tool, phase=phase.name)
     demo = sub.add_parser("demo", help="test and time the shipped example kernel (GPU if present, else CPU)")
     demo.add_argument("--backend", choices=["cuda", "cpu"])
