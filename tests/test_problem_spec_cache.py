@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from server_fixtures import scaled_relu_problem
 
-from kernelloop.tools.problems import load_problem
+from kernelloop.tools.problems import ProblemError, load_problem
 
 
 def counted_problem(log: Path, scale: float) -> str:
@@ -26,3 +27,10 @@ def test_an_unchanged_problem_is_not_imported_again(tmp_path: Path) -> None:
     problem.write_text(counted_problem(log, 3.0))
     changed = load_problem(str(problem), cache_dir=cache)
     assert log.read_text().count("imported") == 2 and "* 3.0" in changed.source
+
+
+def test_a_folder_of_kernelbench_files_is_refused_with_what_it_holds(tmp_path: Path) -> None:
+    for name in ("19_ReLU.py", "20_LeakyReLU.py"):
+        (tmp_path / name).write_text("# a KernelBench problem\n")
+    with pytest.raises(ProblemError, match=r"a folder of 2 problem files \(19_ReLU.py, 20_LeakyReLU.py\)"):
+        load_problem(str(tmp_path))

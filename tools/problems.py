@@ -229,6 +229,10 @@ def load_problem(name_or_path: str, cache_dir: Path | None = None) -> ProblemSpe
         return load_problem_file(path / "problem.py", path.name, cache_dir)
     if path.is_file():
         return load_problem_file(path, cache_dir=cache_dir)
+    if path.is_dir():
+        files = sorted(p.name for p in path.glob("*.py") if not p.name.startswith("_"))
+        listed = ", ".join(files[:3]) + (", ..." if len(files) > 3 else "")
+        raise ProblemError(f"{path} is a folder of {len(files)} problem files ({listed}) with no problem.py: give one")
     raise ProblemError(
         f"unknown problem {name_or_path!r}: give a shipped problem name ({', '.join(shipped_problem_names())}) "
         "or the path of a KernelBench-format file"
