@@ -7,6 +7,7 @@ import platform
 
 from kernelloop.contract import DevicesReport, ProblemDetail
 from kernelloop.tools.devices import DATASHEET
+from kernelloop.tools.problems import describe_policy
 from kernelloop.tools.results import Backend
 
 # Streaming multiprocessors per GPU model (vendor figures); the service reports names only.
@@ -113,9 +114,7 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str) -> str:
             f"- The reference's own operator may not do the work: these operators are refused: {forbidden}.",
             "- Do not modify the inputs; do not cache outputs; return a new tensor of the reference's shape, dtype "
             "and device.",
-            f"- Results are compared with a float64 ground truth under the `{tolerance.name}` policy: error <= "
-            f"{tolerance.max_rel_error:g} x max|truth|"
-            + (" (TF32 allowed)." if tolerance.allow_tf32 else " (strict fp32)."),
+            f"- Results are judged under {describe_policy(tolerance)}.",
             "- Only measured results count: the best kernel is the fastest one that passed run_tests and a benchmark.",
             "",
             "Correctness shapes:",

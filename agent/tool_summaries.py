@@ -8,6 +8,7 @@ outcomes stand in for older turns once the conversation is compacted.
 from __future__ import annotations
 
 from kernelloop.agent.models import Outcome
+from kernelloop.tools.problems import describe_policy
 from kernelloop.tools.results import BenchmarkResult, CompileResult, Diagnostic, PhaseResult, TestResult, compile_part
 
 MAX_DIAGNOSTICS = 8
@@ -62,7 +63,7 @@ def summarize_test(result: TestResult) -> list[str]:
     failed = [c for c in result.checks if c.status.value != "passed"]
     lines.append(
         f"run_tests: {result.status.value} - {len(result.checks) - len(failed)} of {len(result.checks)} checks passed"
-        + (f" (tolerance {policy.name}: error <= {policy.max_rel_error:g} x max|truth|)" if policy else "")
+        + (f" ({describe_policy(policy)})" if policy else "")
     )
     if result.message and result.status.value != "passed":
         lines.append(f"  {result.message}")

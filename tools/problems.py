@@ -62,6 +62,17 @@ def kernelbench_policy(dtype: str) -> TolerancePolicy:
     )
 
 
+def describe_policy(policy: TolerancePolicy) -> str:
+    """One line for people and agents: how a test under `policy` decides."""
+    if policy.name == "kernelbench":
+        return (
+            f"the kernelbench policy: torch.allclose against the reference (atol={policy.atol:g}, "
+            f"rtol={policy.rtol:g}), models in training mode, {policy.min_trials} input sets at least"
+        )
+    precision = "TF32 allowed" if policy.allow_tf32 else "strict fp32"
+    return f"the {policy.name} policy: error <= {policy.max_rel_error:g} x max|float64 truth| ({precision})"
+
+
 def verdict_policy(problem: ProblemSpec, choice: str | None) -> TolerancePolicy:
     """The policy a job is judged under: the one asked for, else the problem's own."""
     if choice is None:

@@ -13,7 +13,7 @@ from kernelloop.cli.live_line import LiveLine
 from kernelloop.tools.api import benchmark, default_backend, run_phase, run_tests
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import PHASES
-from kernelloop.tools.problems import POLICY_CHOICES, PROBLEMS_DIR, ProblemError, load_problem
+from kernelloop.tools.problems import POLICY_CHOICES, PROBLEMS_DIR, ProblemError, describe_policy, load_problem
 from kernelloop.tools.results import (
     BenchmarkResult,
     CompileResult,
@@ -43,14 +43,8 @@ def _format_compile(result: CompileResult) -> list[str]:
 
 def _format_test(result: TestResult) -> list[str]:
     lines = []
-    policy = result.tolerance
-    if policy is not None and policy.name == "kernelbench":
-        lines.append(
-            f"policy: kernelbench (torch.allclose against the reference, atol={policy.atol:g}, rtol={policy.rtol:g}, "
-            "models in training mode)"
-        )
-    elif policy is not None:
-        lines.append(f"policy: {policy.name} (max error {policy.max_rel_error:g} x max|float64 truth|)")
+    if result.tolerance is not None:
+        lines.append(f"judged under {describe_policy(result.tolerance)}")
     for name, status in result.other_verdicts.items():
         lines.append(f"  under the {name} policy it would have {'passed' if status == Status.passed else status.value}")
     if result.parameter_mapping:
