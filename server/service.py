@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
 from kernelloop.contract import TERMINAL_JOB_STATUSES, JobPublic, ProblemCreate, ProblemDetail, SubmissionRequest
+from kernelloop.server.devices import gpu_inventory
 from kernelloop.server.errors import ApiError
 from kernelloop.server.events import EventHub
 from kernelloop.server.executor import Executor
@@ -28,7 +29,7 @@ from kernelloop.storage import history, problems, queue
 from kernelloop.storage.models import Attempt, Job, Problem, Run
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import PHASES, JobPhase, shape_kinds_of, steps_of
-from kernelloop.tools.problems import ProblemSpec
+from kernelloop.tools.problems import ProblemSpec, memory_problem
 from kernelloop.tools.results import Backend
 
 log = logging.getLogger("kernelloop.server")
@@ -46,6 +47,7 @@ class Service:
         self.limiter = RateLimiter(settings.rate_limit_per_minute)
         self.started = time.monotonic()
         self._registering = threading.Lock()
+        self.memory_limits = self.check_memory_limits()
 
     # ------------------------------------------------------------------------------ life cycle
     def start(self) -> list[int]:
@@ -138,6 +140,7 @@ class Service:
             spec = problems.spec_of(problem)
             _check_shapes(spec, phase, backend, options)
             _check_lane_bounds(spec, phase, backend, options, self.settings)
+            self._check_memory(spec, phase, backend)
             if request.run_id is not None:
                 run = session.get(Run, request.run_id)
                 if run is None:
@@ -185,6 +188,34 @@ class Service:
                 await subscription.wait(min(remaining, 2.0))
 
     # ------------------------------------------------------------------------------- problems
+    def check_memory_limits(self) -> dict[Backend, tuple[int, str]]:
+        """What one correctness check may take on each backend here, and where that figure comes from."""
+        sandbox = self.settings.sandbox
+        if sandbox.max_check_bytes is not None:
+            configured = (sandbox.max_check_bytes, "KERNELLOOP_MAX_CHECK_BYTES")
+            return {"cpu": configured, "cuda": configured}
+        limits: dict[Backend, tuple[int, str]] = {
+            "cpu": (sandbox.max_memory_bytes, "a worker (KERNELLOOP_MAX_MEMORY_BYTES)")
+        }
+        memories = [g.memory_total_mib for g in gpu_inventory() if g.memory_total_mib]
+        if memories:
+            limits["cuda"] = (int(min(memories)) << 20, "the GPU")
+        return limits
+
+    def _check_memory(self, spec: ProblemSpec, phase: JobPhase, backend: Backend) -> None:
+        if phase == "compile" or backend not in self.memory_limits:
+            return
+        limit, where = self.memory_limits[backend]
+        problem = memory_problem(spec, backend, limit, where)
+        if problem is not None:
+            raise ApiError(
+                422,
+                "problem_too_large",
+                problem,
+                field="body.problem",
+                fix="register the problem with a smaller shape (or raise KERNELLOOP_MAX_CHECK_BYTES)",
+            )
+
     def register_problem(self, body: ProblemCreate) -> tuple[ProblemDetail, bool]:
         """Check the file in the sandbox, then keep it. Returns (problem, created)."""
         size = len(body.source.encode())
@@ -221,6 +252,15 @@ class Service:
                 fix="the file must import and define Model, get_inputs and get_init_inputs "
                 "(KernelBench format); the message says what failed",
             ) from exc
+        fits = {b: memory_problem(spec, b, limit, where) for b, (limit, where) in self.memory_limits.items()}
+        if fits and all(problem is not None for problem in fits.values()):  # it could be judged nowhere here
+            raise ApiError(
+                422,
+                "problem_too_large",
+                "; ".join(f"{backend}: {problem}" for backend, problem in fits.items()),
+                field="body.source",
+                fix="give the problem smaller shapes (smaller sizes in get_inputs or SHAPES)",
+            )
         return self._keep_problem(spec)
 
     def _keep_problem(self, spec: ProblemSpec) -> tuple[ProblemDetail, bool]:

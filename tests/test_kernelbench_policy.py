@@ -212,3 +212,50 @@ def test_a_reference_that_fails_is_the_problems_failure(kl, tmp_path) -> None:
         assert "the reference failed on shape" in result.message and "not the kernel's" in result.message
         assert "fix the problem file" in result.message
         assert counted(problem, result).correct is None
+
+
+# ---- the size guard ------------------------------------------------------------------------------------------------
+
+HUGE = """
+import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.randn({size})]
+
+def get_init_inputs():
+    return []
+"""
+RELU = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return torch.clamp(x, min=0)
+"""
+
+
+def test_a_problem_too_large_for_a_check_is_refused_before_a_worker_starts(kl, tmp_path: Path) -> None:
+    huge = _problem(tmp_path, "huge_relu", HUGE.format(size="1 << 32"))  # 16 GiB of float32: measured, not made
+    (shape,) = huge.shapes
+    assert (shape.input_bytes, shape.output_bytes) == (1 << 34, 1 << 34)
+
+    result = _test(kl, huge, RELU, None)
+
+    assert result.status == Status.sandbox_error and result.sandbox is None, result.message  # no worker ran
+    assert "shape default needs about 256.0 GiB for one check" in result.message
+    assert "give the problem a smaller shape" in result.message and counted(huge, result).correct is None
+
+
+def test_the_check_memory_limit_can_be_set(kl, tmp_path: Path) -> None:
+    small = _problem(tmp_path, "small_relu", HUGE.format(size="512, 1024"))  # 2 MiB in, 2 MiB out: 32 MiB a check
+    strict_limit = kl.settings.model_copy(update={"max_check_bytes": 16 << 20})
+
+    refused = api.run_tests(small, RELU, "cpu", EvalOptions(seeds=1), strict_limit)
+    judged = api.run_tests(small, RELU, "cpu", EvalOptions(seeds=1), kl.settings)
+
+    assert refused.status == Status.sandbox_error and "KERNELLOOP_MAX_CHECK_BYTES" in refused.message
+    assert judged.status == Status.passed, judged.message

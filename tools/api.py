@@ -15,7 +15,7 @@ from typing import cast
 from kernelloop.tools import build_cache, toolchain, verdict_cache
 from kernelloop.tools.jobs import EvalOptions, WorkerJob, WorkerReply
 from kernelloop.tools.phase_registry import PHASES, Phase
-from kernelloop.tools.problems import ProblemSpec, load_problem
+from kernelloop.tools.problems import ProblemSpec, load_problem, memory_problem
 from kernelloop.tools.results import (
     Backend,
     BenchmarkResult,
@@ -94,6 +94,9 @@ def run_phase(
     backend = backend or default_backend()
     fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list, settings.cache_dir)
     key = build_cache.cache_key(code, backend, fingerprint)
+    too_large = _too_large(spec, phase, backend, settings)
+    if too_large is not None:
+        return too_large
     if phase == "compile":
         reused = verdict_cache.load(settings.cache_dir, key, spec)
         if reused is not None:
@@ -165,6 +168,27 @@ def run_phase(
     if isinstance(result, CompileResult):
         verdict_cache.keep(settings.cache_dir, key, spec, result)
     return result
+
+
+def _too_large(spec: ProblemSpec, phase: Phase, backend: Backend, settings: SandboxSettings) -> PhaseResult | None:
+    """A test or benchmark whose check would not fit in memory is refused before a worker starts (a harness
+    failure, never the kernel's: the message says which shape and what to change)."""
+    if phase == "compile":
+        return None
+    limit = settings.max_check_bytes or (settings.max_memory_bytes if backend == "cpu" else None)
+    if limit is None:
+        return None
+    where = "KERNELLOOP_MAX_CHECK_BYTES" if settings.max_check_bytes else "a worker (KERNELLOOP_MAX_MEMORY_BYTES)"
+    problem = memory_problem(spec, backend, limit, where)
+    if problem is None:
+        return None
+    return PHASES[phase].result_type(
+        kind=phase,
+        status=Status.sandbox_error,
+        problem=spec.name,
+        backend=backend,
+        message=f"{problem}: give the problem a smaller shape (the kernel was not run)",
+    )
 
 
 def _verdict_without_reply(

@@ -43,7 +43,9 @@ POLICY_CHOICES = ("strict", "tf32", "kernelbench")
 """what a request or the command line may ask for (strict is the fp32 policy)"""
 KERNELBENCH_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
 """KernelBench's atol = rtol for each precision (src/kernelbench/eval.py, get_tolerance_for_precision)"""
-SPEC_FORMAT = 2
+CHECK_COPIES = 8
+"""copies of a shape's inputs and outputs that one check holds at once, counting the float64 truth twice"""
+SPEC_FORMAT = 3
 """bumped when what a spec holds changes, so a spec cached by an earlier version is derived again"""
 
 
@@ -99,6 +101,15 @@ class ShapeSpec(BaseModel):
     backends: list[Backend] = Field(["cuda", "cpu"], description="backends this shape runs on")
     flops: int | None = None
     bytes: int | None = None
+    input_bytes: int | None = Field(None, description="one input set, worked out on torch's meta device")
+    output_bytes: int | None = Field(None, description="the reference's output, worked out on torch's meta device")
+
+    def check_bytes(self) -> int | None:
+        """About what one correctness check holds at once: inputs and outputs CHECK_COPIES times over (the
+        judge's inputs, the shared copies, the reference's output, the float64 truth, two output slots)."""
+        if self.input_bytes is None:
+            return None
+        return CHECK_COPIES * (self.input_bytes + (self.output_bytes or self.input_bytes))
 
 
 PROBLEM_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_]{0,63}$"
@@ -153,6 +164,39 @@ def import_problem_module(path: Path) -> ModuleType:
 def _default_shape(module: ModuleType) -> ShapeSpec:
     init_inputs = list(module.get_init_inputs())
     return ShapeSpec(name="default", init_inputs=init_inputs, input_shapes=None)
+
+
+def _measure(module: ModuleType, shape: ShapeSpec, dtype: str) -> None:
+    """Fill in the shape's input and output sizes, worked out on torch's meta device: no memory is taken and
+    nothing is computed, so a problem too large for the machine is measured all the same. Left unknown where the
+    problem's code does not run there."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            if shape.input_shapes is not None:
+                inputs = [torch.empty(s, dtype=getattr(torch, dtype, torch.float32)) for s in shape.input_shapes]
+            else:
+                inputs = list(module.get_inputs())
+            shape.input_bytes = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+            out = module.Model(*shape.init_inputs)(*inputs)
+    except Exception:
+        return
+    outputs = [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)]
+    shape.output_bytes = sum(o.numel() * o.element_size() for o in outputs)
+
+
+def memory_problem(problem: ProblemSpec, backend: Backend, limit_bytes: int, where: str) -> str | None:
+    """Why a check of one of the problem's shapes on `backend` would not fit in `limit_bytes`, or None."""
+    for shape in problem.shapes:
+        need = shape.check_bytes()
+        if backend in shape.backends and need is not None and need > limit_bytes:
+            return (
+                f"shape {shape.name} needs about {need / 2**30:.1f} GiB for one check ({CHECK_COPIES} x its inputs, "
+                f"{(shape.input_bytes or 0) / 2**30:.2f} GiB, and outputs, {(shape.output_bytes or 0) / 2**30:.2f} "
+                f"GiB), over the {limit_bytes / 2**30:.1f} GiB of {where}"
+            )
+    return None
 
 
 def _shapes_from_metadata(module: ModuleType, path: Path) -> list[ShapeSpec]:
@@ -215,6 +259,8 @@ def _derive_spec(path: Path, name: str | None) -> ProblemSpec:
     shapes = _shapes_from_metadata(module, path) if has_metadata else [_default_shape(module)]
     allow_tf32 = bool(getattr(module, "ALLOW_TF32", False))
     dtype = str(getattr(module, "DTYPE", "float32"))
+    for shape in shapes:
+        _measure(module, shape, dtype)
     # A KernelBench file is judged as KernelBench judges it unless it says otherwise; ours by their metadata
     tolerance = TOLERANCES["tf32" if allow_tf32 else "fp32"] if has_metadata else kernelbench_policy(dtype)
     return ProblemSpec(

@@ -57,6 +57,13 @@ class SandboxSettings(BaseSettings):
     )
     output_cap_bytes: int = Field(64 * 1024, description="stdout/stderr kept per worker (head and tail)")
     log_cap_bytes: int = Field(256 * 1024, description="build log kept per compile result")
+    max_check_bytes: int | None = Field(
+        None,
+        ge=1 << 20,
+        description="memory one correctness check may take (its inputs and outputs, 8 times over): a job over it is "
+        "refused before it starts; default: the worker's address-space limit on the cpu backend, the GPU's memory "
+        "on the cuda backend (where the service reads it)",
+    )
     prestart_workers: int = Field(
         4,
         ge=0,
