@@ -96,7 +96,11 @@ def call_worker(
             worker = spare.worker
         else:
             worker = _start(module, settings, path, read_only, sandbox.cpu_limit(timeout_s))
-        job = make_job(folder).model_dump_json().encode()
+        try:
+            job = make_job(folder).model_dump_json().encode()
+        except BaseException:
+            worker.discard()  # it waits for a job that will not come
+            raise
         report = worker.run(job, timeout_s, on_message)
         report.prestarted = spare is not None
         disk_bytes = _disk_bytes(path)
