@@ -366,36 +366,6 @@ def _feed(proc: subprocess.Popen[bytes], job_json: bytes) -> None:
         pass
 
 
-def run_worker(
-    job_json: bytes,
-    *,
-    job_dir: Path,
-    build_dir: Path | None,
-    env: dict[str, str],
-    timeout_s: float,
-    settings: SandboxSettings,
-    on_message: Callable[[bytes], None],
-    module: str = "kernelloop.tools.worker",
-    read_only: list[Path] | None = None,
-) -> SandboxReport:
-    """Start `python -m MODULE` isolated, feed it the job, wait at most `timeout_s`.
-
-    The job folder (its HOME and TMPDIR, `build_dir` inside it) is the only place it may write; `read_only`
-    are shown besides the system, the interpreter and this package (under bubblewrap). Returns how the
-    process ended; messages went to `on_message`.
-    """
-    worker = StartedWorker(
-        job_dir=job_dir,
-        build_dir=build_dir,
-        env=env,
-        settings=settings,
-        module=module,
-        read_only=read_only or [],
-        cpu_limit_s=cpu_limit(timeout_s),
-    )
-    return worker.run(job_json, timeout_s, on_message)
-
-
 def cpu_limit(timeout_s: float) -> float:
     """RLIMIT_CPU of a worker whose wall-clock limit is `timeout_s`: a backstop, never the first limit hit."""
     return timeout_s * 4 + 60
