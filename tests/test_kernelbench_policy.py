@@ -259,3 +259,41 @@ def test_the_check_memory_limit_can_be_set(kl, tmp_path: Path) -> None:
 
     assert refused.status == Status.sandbox_error and "KERNELLOOP_MAX_CHECK_BYTES" in refused.message
     assert judged.status == Status.passed, judged.message
+
+
+SOFTMAX = """
+import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=1)
+
+def get_inputs():
+    return [torch.randn(16, 4096)]
+
+def get_init_inputs():
+    return []
+"""
+SOFTMAX_OFF_BY_5E_5 = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        e = torch.exp(x - x.amax(dim=1, keepdim=True))
+        return e / e.sum(dim=1, keepdim=True) + 5e-5
+"""
+
+
+def test_a_benchmark_checks_timed_outputs_by_the_policy_the_test_passed(kl, tmp_path: Path) -> None:
+    """Outputs near 2e-4: 5e-5 off is within KernelBench's allclose, and 20% of max|reference|."""
+    problem = _problem(tmp_path, "softmax", SOFTMAX)
+    options = EvalOptions(min_samples=5, max_samples=10, time_budget_s=0.5)
+
+    tested = _test(kl, problem, SOFTMAX_OFF_BY_5E_5, "kernelbench")
+    timed = api.benchmark(problem, SOFTMAX_OFF_BY_5E_5, "cpu", options, kl.settings)
+    as_strict = options.model_copy(update={"policy": "strict"})
+    strict = api.benchmark(problem, SOFTMAX_OFF_BY_5E_5, "cpu", as_strict, kl.settings)
+
+    assert tested.status == Status.passed, tested.message
+    assert timed.status == Status.passed and timed.shapes[0].outputs_checked >= 5, timed.message
+    assert strict.status == Status.suspicious and "x max|reference|" in strict.message, strict.message
