@@ -24,7 +24,7 @@ class Model(torch.nn.Module):
         return torch.argmax(x, dim=self.dim)
 
 def get_inputs():
-    return [torch.randn(16, 256, 64)]
+    return [torch.randn(64, 256, 256)]  # milliseconds a call: the envelope's CPU margin is 0.25 ms or 10%
 
 def get_init_inputs():
     return [1]

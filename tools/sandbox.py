@@ -309,7 +309,7 @@ class StartedWorker:
             reader.start()
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return not _exited(self.proc)
 
     def last_words(self) -> str:
         """How a worker that ended on its own ended: its exit status and the end of its stderr."""
@@ -349,8 +349,10 @@ class StartedWorker:
         )
 
     def discard(self) -> None:
-        """End the worker and everything it started (a spare that was never used, or a finished job)."""
-        _kill_group(self.proc.pid)
+        """End the worker and everything it started (a spare that was never used, or a finished job): its group
+        is killed while it is still unreaped, then it is reaped."""
+        if self.proc.returncode is None:
+            _kill_group(self.proc.pid)
         self.proc.wait()
         if self.cgroup is not None:
             self.cgroup.kill_and_remove()
@@ -375,17 +377,29 @@ def _wait(
     proc: subprocess.Popen[bytes], deadline: float, watch: ProcessWatch | None, max_processes: int
 ) -> tuple[bool, bool]:
     """Wait for the worker until `deadline`; (timed out, killed for too many processes). Without a pids
-    cgroup the job's processes are counted a few times a second, and the job ends when they pass the cap."""
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+    cgroup the job's processes are counted a few times a second, and the job ends when they pass the cap.
+    The worker is left unreaped (see `_exited`), so its group can still be killed by its number."""
+    checks = 0
+    while not _exited(proc):
+        if time.monotonic() >= deadline:
             return True, False
-        try:
-            proc.wait(timeout=min(remaining, 0.2) if watch is not None else remaining)
-            return False, False
-        except subprocess.TimeoutExpired:
-            if watch is not None and watch.count() > max_processes:
-                return False, True
+        checks += 1
+        if watch is not None and checks % 4 == 0 and watch.count() > max_processes:
+            return False, True
+        time.sleep(0.05)
+    return False, False
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the process has ended, without reaping it: until it is reaped its pid cannot be handed to another
+    process, so killing its process group afterwards can never hit someone else's (pids wrap around, at 32768 on
+    some hosts)."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 def _kill_group(pgid: int) -> None:

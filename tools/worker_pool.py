@@ -11,6 +11,7 @@ of its kind replaces it, when the pool holds too many, or when the service stops
 from __future__ import annotations
 
 import logging
+import queue
 import shutil
 import threading
 from collections import OrderedDict
@@ -48,6 +49,10 @@ class WorkerPool:
         self._spares: OrderedDict[SpareKind, Spare] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
+        self._requests: queue.SimpleQueue[tuple[SpareKind, Callable[[], Spare]] | None] = queue.SimpleQueue()
+        # One long-lived thread starts every spare: bubblewrap's --die-with-parent is tied to the thread that
+        # started it, so a spare started from a short-lived thread was killed when that thread ended.
+        self._starter: threading.Thread | None = None
 
     def take(self, kind: SpareKind) -> Spare | None:
         """The spare of this kind, if one is up and waiting; the caller then owns it."""
@@ -63,7 +68,15 @@ class WorkerPool:
         """Start a spare of this kind in the background, replacing an older one of the same kind."""
         if self.max_spares <= 0 or self._closed:
             return
-        threading.Thread(target=self._start, args=(kind, start), name="spare-worker", daemon=True).start()
+        with self._lock:
+            if self._starter is None:
+                self._starter = threading.Thread(target=self._serve, name="spare-workers", daemon=True)
+                self._starter.start()
+        self._requests.put((kind, start))
+
+    def _serve(self) -> None:
+        while (request := self._requests.get()) is not None:
+            self._start(*request)
 
     def _start(self, kind: SpareKind, start: Callable[[], Spare]) -> None:
         try:
@@ -90,6 +103,7 @@ class WorkerPool:
             self._closed = True
             spares = list(self._spares.values())
             self._spares.clear()
+        self._requests.put(None)
         for spare in spares:
             _end(spare)
 
