@@ -22,6 +22,9 @@ from kernelloop.tools.results import Backend, PhaseResult
 from kernelloop.tools.settings import SandboxSettings
 from kernelloop.tools.worker_pool import WorkerPool
 
+ROOMY_CORES = 8
+"""a host without a GPU needs this many cores before the service does work ahead (spares, headers)"""
+
 
 class Lane(BaseModel):
     """A slot that runs one step at a time: a CPU worker, or one GPU."""
@@ -67,8 +70,12 @@ class LocalExecutor:
         count = cpu_workers or os.cpu_count() or 1
         self._lanes = [Lane(name=f"cpu-{i}", kind="cpu") for i in range(count)]
         self._lanes += [Lane(name=f"gpu-{i}", kind="gpu", gpu=gpu) for i, gpu in enumerate(gpus)]
-        self.pool = WorkerPool(settings.prestart_workers)
-        header_cache.build_in_background(settings)
+        # Starting spares and precompiling headers take cores: on a small host without a GPU they would run
+        # beside CPU benchmarks and disturb their timings, so only a GPU host or one of 8 cores or more does them.
+        roomy = bool(gpus) or (os.cpu_count() or 1) >= ROOMY_CORES
+        self.pool = WorkerPool(settings.prestart_workers if roomy else 0)
+        if roomy:
+            header_cache.build_in_background(settings)
 
     def lanes(self) -> list[Lane]:
         return list(self._lanes)

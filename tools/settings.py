@@ -68,12 +68,12 @@ class SandboxSettings(BaseSettings):
         4,
         ge=0,
         description="workers the service keeps started ahead of their jobs (one per lane and kind of job at most; "
-        "0: each job starts its own); the command line never does",
+        "0: each job starts its own); only on a host with a GPU or 8 cores or more; the command line never does",
     )
     precompiled_headers: bool = Field(
         True,
         description="the service precompiles torch/extension.h once per toolchain and C++ builds use it "
-        "(a binding compiles in seconds instead of 10-20 s)",
+        "(a binding compiles in seconds instead of 10-20 s); built on a host with a GPU or 8 cores or more",
     )
     worker_gpus: str | None = Field(
         None, description="CUDA_VISIBLE_DEVICES for sandboxed workers ('' hides every GPU); None: inherit"
