@@ -42,7 +42,7 @@ class Spare:
 
 
 class WorkerPool:
-    """At most one spare per kind and `max_spares` in all, started in background threads."""
+    """At most one spare per kind and `max_spares` in all, started by one background thread."""
 
     def __init__(self, max_spares: int):
         self.max_spares = max_spares
