@@ -221,6 +221,10 @@ def worker_environment(extra: dict[str, str], job_dir: Path) -> dict[str, str]:
         TRITON_CACHE_DIR=str(job_dir / "triton-cache"),
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONUNBUFFERED="1",
+        # The judge and the runner take turns on the same cores: OpenMP threads that spin after a parallel region
+        # (libgomp's default) hold a core the other process needs next, and on a 2-core CPU host an honest argmax
+        # left 0.3-1.4 ms a call outside its own clock, over the envelope's margin. Idle threads sleep instead.
+        OMP_WAIT_POLICY="PASSIVE",
     )
     env.update(extra)
     return env
