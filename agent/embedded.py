@@ -11,6 +11,8 @@ import logging
 import socket
 import threading
 import time
+from contextlib import ExitStack
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
@@ -98,3 +100,12 @@ class EmbeddedService:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+
+def serve_unless_given(server: str | None, data_dir: Path, stack: ExitStack) -> tuple[str, EmbeddedService | None]:
+    """The URL to talk to: `server` when one is given, else that of a service embedded for as long as `stack`
+    stays open. Raises EmbeddedServiceError when the embedded one cannot start."""
+    if server is not None:
+        return server, None
+    embedded = stack.enter_context(EmbeddedService(ServiceSettings(data_dir=data_dir)))
+    return embedded.url, embedded

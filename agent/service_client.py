@@ -32,6 +32,8 @@ from kernelloop.contract import (
     RunPublic,
     RunUpdate,
     SubmissionRequest,
+    SuiteCreate,
+    SuitePublic,
     ToolsCatalog,
 )
 from kernelloop.tools.phase_registry import TOOLS
@@ -167,6 +169,15 @@ class ServiceClient:
     async def register_problem(self, request: ProblemCreate) -> ProblemDetail | ServiceFailure:
         """Register a KernelBench-format file (checked in the service's sandbox); the same file again is fine."""
         return await self._call("POST", "/v1/problems", ProblemDetail, json=request.model_dump(mode="json"))
+
+    async def create_suite(self, request: SuiteCreate) -> SuitePublic | ServiceFailure:
+        """Queue every solution of the suite; answers at once (follow it with `suite`)."""
+        return await self._call(
+            "POST", "/v1/suites", SuitePublic, json=request.model_dump(mode="json", exclude_none=True)
+        )
+
+    async def suite(self, suite_id: int) -> SuitePublic | ServiceFailure:
+        return await self._call("GET", f"/v1/suites/{suite_id}", SuitePublic)
 
     async def update_run(self, run_id: int, update: RunUpdate) -> RunPublic | ServiceFailure:
         return await self._call(

@@ -88,6 +88,9 @@ class ProblemDetail(ProblemSummary):
     forbidden_ops: list[str]
     has_metadata: bool
     shapes: list[ShapeSpec] = PydanticField(description="constructor arguments, input sizes, FLOP and byte counts")
+    unjudgeable: list[str] = PydanticField(
+        [], description="the policies the problem's own reference cannot be judged by, shape by shape, and why"
+    )
 
 
 # -------------------------------------------------------------------------------------------- runs
@@ -290,6 +293,93 @@ class Page(BaseModel, Generic[T]):
     total: int
     limit: int
     offset: int
+
+
+# ------------------------------------------------------------------------------------------ suites
+
+FAST_P_THRESHOLDS = (0.0, 1.0, 1.5, 2.0)
+"""KernelBench's fast_p: the share of a level's problems whose solution is correct and faster than p x the reference"""
+MAX_SUITE_ENTRIES = 1000
+
+
+class SuiteEntryCreate(BaseModel):
+    """One problem of a suite and its solution, if there is one (a problem without one counts as not solved)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: str = PydanticField(min_length=1, max_length=200, description="a problem name (GET /v1/problems)")
+    level: str = PydanticField(
+        "all", min_length=1, max_length=64, description="the set it is reported under, e.g. KernelBench's level1"
+    )
+    solution: str | None = PydanticField(
+        None, max_length=1000, description="where the solution came from (its file name), for people"
+    )
+    code: str | None = PydanticField(
+        None, description="the solution's Python source defining ModelNew; none: counts as unsolved"
+    )
+
+
+class SuiteCreate(BaseModel):
+    """Body of POST /v1/suites: solutions evaluated against their problems, scored as KernelBench scores them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = PydanticField(None, max_length=200, description="a label for people")
+    backend: Backend | None = PydanticField(None, description="default: cuda when the service has a GPU, else cpu")
+    options: EvalOptions | None = PydanticField(
+        None, description="as for /v1/evaluate; options.policy picks the verdict policy (kernelbench, strict, tf32)"
+    )
+    entries: list[SuiteEntryCreate] = PydanticField(min_length=1, max_length=MAX_SUITE_ENTRIES)
+
+    @field_validator("entries")
+    @classmethod
+    def _one_entry_per_problem(cls, entries: list[SuiteEntryCreate]) -> list[SuiteEntryCreate]:
+        seen: set[str] = set()
+        for i, entry in enumerate(entries):
+            if entry.problem in seen:
+                raise ValueError(f"entries[{i}]: problem {entry.problem!r} appears twice; give each problem once")
+            seen.add(entry.problem)
+        return entries
+
+
+class SuiteEntryPublic(BaseModel):
+    problem: str
+    level: str
+    solution: str | None
+    attempt_id: int | None = PydanticField(description="the attempt recorded for the solution (GET /v1/attempts/ID)")
+    job_id: int | None
+    status: str = PydanticField(
+        description="no_solution, refused (the message says why), pending, or the attempt's status "
+        "(passed, compile_error, wrong_result, ...)"
+    )
+    correct: bool = PydanticField(description="the solution passed run_tests on every correctness shape")
+    speedup: float | None = PydanticField(description="geometric-mean speedup over the reference, when benchmarked")
+    message: str = ""
+
+
+class SuiteLevel(BaseModel):
+    """KernelBench's metrics over one level's problems."""
+
+    level: str
+    problems: int
+    with_solution: int
+    evaluated: int = PydanticField(description="solutions whose evaluation has ended")
+    correct: int
+    correctness_rate: float = PydanticField(description="correct / problems")
+    fast_p: dict[str, float] = PydanticField(
+        description="for each p in 0, 1, 1.5, 2: the share of problems correct with a speedup above p"
+    )
+
+
+class SuitePublic(BaseModel):
+    id: int
+    name: str | None
+    backend: Backend
+    policy: str | None = PydanticField(description="the policy asked for; none: each problem's own")
+    status: Literal["running", "finished"]
+    created_at: datetime
+    levels: list[SuiteLevel] = PydanticField(description="one per level, then `all` across them when there are several")
+    entries: list[SuiteEntryPublic]
 
 
 # -------------------------------------------------------------------------------------------- jobs

@@ -16,7 +16,7 @@ from kernelloop.server import docs_page, errors, openapi
 from kernelloop.server.devices import gpu_lane_ids
 from kernelloop.server.executor import Executor, LocalExecutor
 from kernelloop.server.limits import BodySizeLimit, LoopbackOnly
-from kernelloop.server.routes import history, jobs, meta, problems, tools
+from kernelloop.server.routes import history, jobs, meta, problems, suites, tools
 from kernelloop.server.service import Service
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage.database import open_database, sqlite_path
@@ -80,7 +80,7 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
     errors.install(app)
     docs_page.install(app)
     openapi.install(app, service.problem_names)
-    for router in (tools.router, jobs.router, problems.router, history.router, meta.router):
+    for router in (tools.router, jobs.router, problems.router, suites.router, history.router, meta.router):
         app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(LoopbackOnly, enabled=settings.api_token is None)

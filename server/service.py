@@ -126,16 +126,7 @@ class Service:
             )
         with Session(self.engine) as session:
             problem = self.problem_row(session, request.problem, "body.problem")
-            backend = request.backend or self.default_backend
-            needs_gpu = any(PHASES[step].needs_gpu for step in steps_of(phase))
-            if backend == "cuda" and needs_gpu and "gpu" not in self.scheduler.kinds():
-                raise ApiError(
-                    422,
-                    "no_gpu",
-                    f"{phase} on the cuda backend needs a GPU and this service has none",
-                    field="body.backend",
-                    fix="use backend cpu here, or a service with a GPU (GET /v1/devices)",
-                )
+            backend = self.backend_for(phase, request.backend)
             options = request.options or EvalOptions()
             spec = problems.spec_of(problem)
             _check_shapes(spec, phase, backend, options)
@@ -174,6 +165,21 @@ class Service:
             public = queue.job_public(session, job, reused_attempt=reused)
         self.scheduler.wake()
         return public
+
+    def backend_for(self, phase: JobPhase, asked: Backend | None) -> Backend:
+        """The backend a job runs on: the one asked for, else cuda when there is a GPU; refused when it
+        needs a GPU this service does not have."""
+        backend = asked or self.default_backend
+        needs_gpu = any(PHASES[step].needs_gpu for step in steps_of(phase))
+        if backend == "cuda" and needs_gpu and "gpu" not in self.scheduler.kinds():
+            raise ApiError(
+                422,
+                "no_gpu",
+                f"{phase} on the cuda backend needs a GPU and this service has none",
+                field="body.backend",
+                fix="use backend cpu here, or a service with a GPU (GET /v1/devices)",
+            )
+        return backend
 
     async def wait(self, job_id: int, timeout_s: float, reused_attempt: bool = False) -> JobPublic:
         """The job once it is finished or failed, or as it is after `timeout_s`."""

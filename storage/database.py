@@ -34,7 +34,11 @@ def _recount_attempts(connection: Connection) -> None:
         recount_attempts(session)
 
 
-MIGRATIONS: dict[int, Migration] = {1: _recount_attempts}
+def _add_suites(connection: Connection) -> None:
+    """v2 -> v3: the suites and suite_entries tables, new and empty (ensure_schema creates them)."""
+
+
+MIGRATIONS: dict[int, Migration] = {1: _recount_attempts, 2: _add_suites}
 """MIGRATIONS[n] upgrades a version-n database to version n+1."""
 
 

@@ -6,8 +6,9 @@ JSON of `kernelloop.tools.results` models and come back out as those same models
 
 Tables: problems, runs (one agent session), code (stored once by sha256), attempts (one submission:
 its run, parent, step, proposer and rationale, plus a summary of its evaluations for fast queries),
-evaluations (one compile, test or benchmark verdict with the full result), jobs (the queue) and
-job events (what `GET /v1/jobs/{id}/events` streams).
+evaluations (one compile, test or benchmark verdict with the full result), jobs (the queue),
+job events (what `GET /v1/jobs/{id}/events` streams), and suites with their entries (a set of problems
+and one solution each, scored as KernelBench scores them).
 """
 
 from datetime import UTC, datetime
@@ -30,9 +31,9 @@ from kernelloop.contract import (
 )
 from kernelloop.tools.phase_registry import JobPhase
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped with every change to the tables or to what their columns mean; storage.database upgrades or refuses
-older databases (v2: an attempt's `correct` and `speedup` count only full-coverage verdicts)."""
+older databases (v2: an attempt's `correct` and `speedup` count only full-coverage verdicts; v3: suites)."""
 
 
 class _Row(Protocol):
@@ -205,3 +206,33 @@ class JobEvent(SQLModel, table=True):
     type: str = Field(description="queued, started, progress, step_finished, interrupted, requeued, finished, failed")
     data: dict = Field(default_factory=dict, sa_type=JSON)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+# ------------------------------------------------------------------------------------------ suites
+
+
+class Suite(SQLModel, table=True):
+    """A set of problems, each with at most one solution, evaluated together (`kernelloop suite`)."""
+
+    __tablename__ = "suites"
+    id: int | None = Field(default=None, primary_key=True)
+    name: str | None = Field(default=None, max_length=200)
+    backend: str = Field(sa_type=Text)
+    policy: str | None = Field(default=None, sa_type=Text)
+    client: str = Field(default="", max_length=200)
+    created_at: datetime = _created()
+
+
+class SuiteEntry(SQLModel, table=True):
+    """One problem of a suite: its level, and the attempt its solution became (none without a solution, or
+    when the submission was refused: `note` says why)."""
+
+    __tablename__ = "suite_entries"
+    id: int | None = Field(default=None, primary_key=True)
+    suite_id: int = Field(foreign_key="suites.id", index=True)
+    problem_id: int = Field(foreign_key="problems.id")
+    level: str = Field(max_length=64)
+    solution: str | None = Field(default=None, sa_type=Text)
+    attempt_id: int | None = Field(default=None, foreign_key="attempts.id")
+    job_id: int | None = Field(default=None, foreign_key="jobs.id")
+    note: str = Field(default="", sa_type=Text)

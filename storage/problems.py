@@ -16,7 +16,13 @@ from sqlmodel import Session, col, select
 
 from kernelloop.contract import ProblemDetail, ProblemSummary
 from kernelloop.storage.models import Problem, utcnow
-from kernelloop.tools.problems import PROBLEM_NAME_PATTERN, ProblemSpec, load_problem, shipped_problem_names
+from kernelloop.tools.problems import (
+    PROBLEM_NAME_PATTERN,
+    ProblemSpec,
+    load_problem,
+    shipped_problem_names,
+    unjudgeable,
+)
 
 log = logging.getLogger("kernelloop.storage")
 
@@ -136,4 +142,5 @@ def detail(row: Problem) -> ProblemDetail:
         forbidden_ops=spec.forbidden_ops,
         has_metadata=spec.has_metadata,
         shapes=spec.shapes,
+        unjudgeable=unjudgeable(spec),
     )

@@ -186,6 +186,25 @@ def test_register_a_kernelbench_problem_checked_in_the_sandbox(api: httpx.Client
     assert result["tolerance"]["name"] == "kernelbench" and len(result["checks"]) == 5  # its five input sets
 
 
+def test_registration_says_which_policies_the_reference_itself_cannot_meet(api: httpx.Client) -> None:
+    # x + 1e6 - 1e6 in fp32 keeps about one decimal place: the fp32 reference misses its float64 truth by ~1e-2
+    lossy = RELU_PROBLEM.replace("torch.relu(x) * self.scale", "(x + 1e6) - 1e6")
+    created = api.post("/v1/problems", json={"name": "cancelling_reference", "source": lossy})
+    assert created.status_code == 201, created.text
+    (note,) = created.json()["unjudgeable"]
+    assert "shape default" in note and "tf32 and strict policies allow" in note and "--policy kernelbench" in note, note
+    no_double = RELU_PROBLEM.replace(
+        "return torch.relu(x) * self.scale",
+        "if x.dtype == torch.float64:\n            raise TypeError('no Double kernel')\n        return x",
+    )
+    created = api.post("/v1/problems", json={"name": "reference_without_float64", "source": no_double})
+    assert created.status_code == 201, created.text
+    (note,) = created.json()["unjudgeable"]
+    assert "float64 truth could not be computed (TypeError: no Double kernel)" in note, note
+    plain = api.post("/v1/problems", json={"name": "plain_scaled_relu", "source": RELU_PROBLEM})
+    assert plain.status_code in (200, 201) and plain.json()["unjudgeable"] == []
+
+
 @pytest.mark.parametrize(
     "source, message",
     [

@@ -7,23 +7,61 @@ failed) back on the private pipe, tagged with the job's nonce. Nothing in the fi
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
+from types import ModuleType
 
 from kernelloop.tools.jobs import ProblemCheckJob, ProblemCheckReply
-from kernelloop.tools.problems import ProblemSpec
+from kernelloop.tools.problems import ProblemSpec, ShapeSpec
+
+REFERENCE_CHECK_LIMIT_S = 10.0
+"""the fp32 forward that takes longer than this on the CPU is not run again in float64 at registration"""
+
+
+def _measure_reference(module: ModuleType, shape: ShapeSpec, dtype: str) -> None:
+    """The fp32 reference's error against its float64 truth on one input, on this CPU: a problem the truth-based
+    policies cannot judge (a long reduction, an op without float64) is said at registration, not at every test."""
+    import torch
+
+    from kernelloop.tools import candidate, checking
+
+    try:
+        torch.manual_seed(0)
+        model = module.Model(*shape.init_inputs)
+        inputs = candidate.make_inputs(module, shape, getattr(torch, dtype, torch.float32), torch.device("cpu"), 0)
+        with torch.no_grad():
+            started = time.perf_counter()
+            outputs = checking.flatten_outputs(model(*candidate.clone_inputs(inputs))) or []
+            seconds = time.perf_counter() - started
+            if seconds > REFERENCE_CHECK_LIMIT_S:
+                shape.reference_note = f"the reference's error was not measured (its forward took {seconds:.0f} s here)"
+                return
+            as64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+            truth = checking.flatten_outputs(copy.deepcopy(model).double()(*as64)) or []
+    except Exception as exc:
+        shape.reference_note = (
+            f"the float64 truth could not be computed ({type(exc).__name__}: {str(exc)[:200]}): only --policy "
+            "kernelbench, which compares against the reference in its own precision, can judge it"
+        )
+        return
+    shape.reference_error = max((checking.relative_max_error(o, t) for o, t in zip(outputs, truth)), default=0.0)
 
 
 def _exercise(spec: ProblemSpec) -> None:
-    """Build Model for every shape; call get_inputs() where a shape has no input sizes."""
+    """Build Model for every shape; call get_inputs() where a shape has no input sizes; measure the reference's
+    own error on the correctness shapes the CPU runs."""
     import torch
 
     from kernelloop.tools.problems import import_problem_module
 
     module = import_problem_module(Path(spec.path))
     for shape in spec.shapes:
+        if shape.correctness and "cpu" in shape.backends:
+            _measure_reference(module, shape, spec.dtype)
         try:
             model = module.Model(*shape.init_inputs)
         except Exception as exc:

@@ -45,7 +45,7 @@ KERNELBENCH_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
 """KernelBench's atol = rtol for each precision (src/kernelbench/eval.py, get_tolerance_for_precision)"""
 CHECK_COPIES = 8
 """copies of a shape's inputs and outputs that one check holds at once, counting the float64 truth twice"""
-SPEC_FORMAT = 3
+SPEC_FORMAT = 4
 """bumped when what a spec holds changes, so a spec cached by an earlier version is derived again"""
 
 
@@ -73,6 +73,30 @@ def describe_policy(policy: TolerancePolicy) -> str:
         )
     precision = "TF32 allowed" if policy.allow_tf32 else "strict fp32"
     return f"the {policy.name} policy: error <= {policy.max_rel_error:g} x max|float64 truth| ({precision})"
+
+
+def unjudgeable(problem: ProblemSpec) -> list[str]:
+    """The policies this problem's own reference cannot be judged by, shape by shape, as registration measured them
+    on the CPU (a test measures again on its device): the truth-based policies need the reference within half their
+    limit of the float64 truth."""
+    notes = []
+    for shape in problem.shapes:
+        if shape.reference_note:
+            notes.append(f"shape {shape.name}: {shape.reference_note}")
+            continue
+        error = shape.reference_error
+        unmet = [
+            "strict" if name == "fp32" else name
+            for name, policy in TOLERANCES.items()
+            if error is not None and error > policy.max_rel_error / 2
+        ]
+        if unmet:
+            allow = "policy allows" if len(unmet) == 1 else "policies allow"
+            notes.append(
+                f"shape {shape.name}: the fp32 reference misses the float64 truth by {error:.3g} x max|truth|, more "
+                f"than half of what the {' and '.join(unmet)} {allow}: judge it with --policy kernelbench"
+            )
+    return notes
 
 
 def verdict_policy(problem: ProblemSpec, choice: str | None) -> TolerancePolicy:
@@ -103,6 +127,12 @@ class ShapeSpec(BaseModel):
     bytes: int | None = None
     input_bytes: int | None = Field(None, description="one input set, worked out on torch's meta device")
     output_bytes: int | None = Field(None, description="the reference's output, worked out on torch's meta device")
+    reference_error: float | None = Field(
+        None,
+        description="at registration, on the CPU: the fp32 reference's max error over max|float64 truth| (what the "
+        "strict and tf32 policies need to stay under half their limit); None when not measured",
+    )
+    reference_note: str = Field("", description="why the reference's error was not measured, if it was not")
 
     def check_bytes(self) -> int | None:
         """About what one correctness check holds at once: inputs and outputs CHECK_COPIES times over (the
@@ -296,6 +326,27 @@ def load_problem(name_or_path: str, cache_dir: Path | None = None) -> ProblemSpe
     )
 
 
-def load_problem_folder(folder: Path) -> list[ProblemSpec]:
-    """Every KernelBench file in a folder (KernelBench's level directories load this way)."""
-    return [load_problem_file(p) for p in sorted(folder.glob("*.py")) if not p.name.startswith("_")]
+def problem_files(folder: Path) -> list[Path]:
+    """The KernelBench files of one folder, in KernelBench's order (by the problem number their names begin with)."""
+    files = [p for p in folder.glob("*.py") if not p.name.startswith("_") and p.is_file()]
+    return sorted(files, key=lambda p: (_leading_number(p.stem), p.name))
+
+
+def problem_sets(folder: Path) -> dict[str, list[Path]]:
+    """A folder of KernelBench files as one set named after the folder (`level1`), or a folder of such folders
+    (KernelBench's `level1` ... `level4`) as one set each. Raises ProblemError when it holds neither."""
+    if not folder.is_dir():
+        raise ProblemError(f"{folder}: not a folder (give a KernelBench level folder, or the folder holding them)")
+    files = problem_files(folder)
+    if files:
+        return {folder.resolve().name: files}
+    sets = {sub.name: problem_files(sub) for sub in sorted(folder.iterdir(), key=lambda p: p.name) if sub.is_dir()}
+    sets = {name: found for name, found in sets.items() if found}
+    if not sets:
+        raise ProblemError(f"{folder}: no problem files (*.py defining Model), here or one folder down")
+    return dict(sorted(sets.items(), key=lambda item: (_leading_number(item[0].removeprefix("level")), item[0])))
+
+
+def _leading_number(text: str) -> int:
+    digits = text[: len(text) - len(text.lstrip("0123456789"))]
+    return int(digits) if digits else 1 << 30

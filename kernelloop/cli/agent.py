@@ -15,7 +15,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from kernelloop.agent.embedded import EmbeddedService, EmbeddedServiceError
+from kernelloop.agent.embedded import EmbeddedServiceError, serve_unless_given
 from kernelloop.agent.llm.factory import configured_model, resolve_llm_config
 from kernelloop.agent.llm.types import LlmFailure
 from kernelloop.agent.models import AgentRunConfig, RunSummary
@@ -23,7 +23,6 @@ from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, resume_run, start_run
 from kernelloop.agent.service_client import ServiceClient
 from kernelloop.agent.settings import AgentSettings
-from kernelloop.server.settings import ServiceSettings
 
 DEFAULT_ITERATIONS = 10
 
@@ -72,19 +71,15 @@ def _with_service(args: argparse.Namespace, settings: AgentSettings, progress: P
 
 
 def _serve_and_work(args: argparse.Namespace, settings: AgentSettings, progress: Progress, work) -> int:
-    server = args.server or settings.server_url
     with ExitStack() as stack:
-        if server is None:
-            try:
-                embedded = stack.enter_context(EmbeddedService(ServiceSettings(data_dir=settings.data_dir)))
-            except EmbeddedServiceError as exc:
-                print(f"kernelloop agent: {exc}", file=sys.stderr)
-                return 2
-            assert embedded.info is not None
+        try:
+            server, embedded = serve_unless_given(args.server or settings.server_url, settings.data_dir, stack)
+        except EmbeddedServiceError as exc:
+            print(f"kernelloop agent: {exc}", file=sys.stderr)
+            return 2
+        if embedded is not None and embedded.info is not None:
             progress.note(f"service embedded at {embedded.url} (database {embedded.info.database})")
-            server, local = embedded.url, True
-        else:
-            local = _is_loopback(server)
+        local = embedded is not None or _is_loopback(server)
         token = settings.api_token.get_secret_value() if settings.api_token else None
 
         async def main() -> RunSummary | RunRefused:

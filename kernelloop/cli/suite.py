@@ -1,0 +1,139 @@
+"""`kernelloop suite PROBLEMS_DIR SOLUTIONS_DIR`: every solution judged against its problem, scored as KernelBench
+scores a level (correctness rate and fast_p for p = 0, 1, 1.5, 2), each attempt kept in the history.
+
+PROBLEMS_DIR is a KernelBench level folder (`level1`) or the folder holding several. A problem's solution is
+the file of the same name in SOLUTIONS_DIR (or in SOLUTIONS_DIR/LEVEL), or KernelBench's generated
+`level_L_problem_N_sample_S_kernel.py`; a problem without one counts as unsolved. Without --server the service
+runs embedded, as for `kernelloop agent run`. Exit status: 0 every solution has its verdict; 1 the suite could
+not finish (or some problems could not be registered); 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from kernelloop.agent.embedded import EmbeddedServiceError, serve_unless_given
+from kernelloop.agent.service_client import ServiceClient, ServiceFailure
+from kernelloop.agent.settings import AgentSettings
+from kernelloop.agent.suite import SuiteOutcome, plan_suite, run_suite
+from kernelloop.contract import FAST_P_THRESHOLDS, SuitePublic
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import POLICY_CHOICES, ProblemError
+
+
+def format_suite(outcome: SuiteOutcome) -> str:
+    """The entries, then KernelBench's metrics per level."""
+    lines = []
+    suite = outcome.suite
+    if suite is not None:
+        lines.append(
+            f"suite {suite.id} on {suite.backend}, policy {suite.policy or 'each problem own'}: {suite.status}"
+        )
+        lines.append(f"{'level':8} {'problem':44} {'status':16} {'correct':>7} {'speedup':>8}  detail")
+        for e in suite.entries:
+            speedup = f"{e.speedup:.3f}" if e.speedup is not None else "-"
+            lines.append(
+                f"{e.level:8} {e.problem[:44]:44} {e.status:16} {'yes' if e.correct else 'no':>7} {speedup:>8}  "
+                f"{(e.message or e.solution or '')[:70]}"
+            )
+        fast = [f"fast_{p:g}" for p in FAST_P_THRESHOLDS]
+        lines.append("")
+        lines.append(f"{'level':8} {'problems':>8} {'solved':>6} {'correct':>8} " + " ".join(f"{k:>8}" for k in fast))
+        for level in suite.levels:
+            lines.append(
+                f"{level.level:8} {level.problems:>8} {level.with_solution:>6} {level.correctness_rate:>8.1%} "
+                + " ".join(f"{level.fast_p[k]:>8.1%}" for k in fast)
+            )
+    for original, name in outcome.renamed.items():
+        lines.append(f"note: {original} registered as {name} (its own name belongs to another file)")
+    for problem in outcome.left_out:
+        lines.append(f"left out: {problem.level}/{problem.path.name}: {problem.note}")
+    return "\n".join(lines)
+
+
+class _Progress:
+    """One line on stderr as verdicts come in (only on a terminal)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.enabled = sys.stderr.isatty()
+
+    def __call__(self, suite: SuitePublic) -> None:
+        if not self.enabled:
+            return
+        done = sum(1 for e in suite.entries if e.status != "pending")
+        correct = sum(1 for e in suite.entries if e.correct)
+        elapsed = time.monotonic() - self.started
+        sys.stderr.write(
+            f"\r\033[Ksuite {suite.id}: {done}/{len(suite.entries)} done, {correct} correct ({elapsed:.0f} s)"
+        )
+        sys.stderr.flush()
+        if suite.status == "finished":
+            sys.stderr.write("\n")
+
+
+def _run(args: argparse.Namespace) -> int:
+    problems_dir, solutions_dir = Path(args.problems_dir), Path(args.solutions_dir)
+    if not solutions_dir.is_dir():
+        print(f"kernelloop suite: {solutions_dir}: not a folder (give the folder of solution files)", file=sys.stderr)
+        return 2
+    try:
+        plan = plan_suite(problems_dir, solutions_dir)
+    except ProblemError as exc:
+        print(f"kernelloop suite: PROBLEMS_DIR: {exc}", file=sys.stderr)
+        return 2
+    settings = AgentSettings(data_dir=Path(args.data_dir)) if args.data_dir else AgentSettings()
+    options = EvalOptions(policy=args.policy) if args.policy else None
+    with ExitStack() as stack:
+        try:
+            server, _ = serve_unless_given(args.server or settings.server_url, settings.data_dir, stack)
+        except EmbeddedServiceError as exc:
+            print(f"kernelloop suite: {exc}", file=sys.stderr)
+            return 2
+        token = settings.api_token.get_secret_value() if settings.api_token else None
+
+        async def main() -> SuiteOutcome | ServiceFailure:
+            async with ServiceClient(server, token=token) as client:
+                return await run_suite(
+                    client,
+                    plan,
+                    name=args.name,
+                    backend=args.backend,
+                    options=options,
+                    on_update=_Progress(),
+                    timeout_s=args.timeout,
+                )
+
+        outcome = asyncio.run(main())
+    if isinstance(outcome, ServiceFailure):
+        print(f"kernelloop suite: {outcome}", file=sys.stderr)
+        return 1 if outcome.status_code is None or outcome.status_code >= 500 else 2
+    print(outcome.model_dump_json(indent=2) if args.json else format_suite(outcome))
+    finished = outcome.suite is not None and outcome.suite.status == "finished"
+    return 0 if finished and not outcome.left_out else 1
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "suite",
+        help="judge a folder of solutions against a folder of KernelBench problems (correctness, fast_p per level)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("problems_dir", metavar="PROBLEMS_DIR", help="a KernelBench level folder, or a folder of them")
+    p.add_argument("solutions_dir", metavar="SOLUTIONS_DIR", help="the solutions, named after their problem files")
+    p.add_argument("--backend", choices=["cuda", "cpu"], help="default: cuda if the service has a GPU, else cpu")
+    p.add_argument(
+        "--policy", choices=POLICY_CHOICES, help="verdict policy; default: each problem's own (kernelbench for theirs)"
+    )
+    p.add_argument("--name", help="a label for the suite in the history")
+    p.add_argument("--server", help="URL of a running kernelloop service (default: start one embedded)")
+    p.add_argument("--data-dir", help="data folder of the embedded service (default .kernelloop)")
+    p.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to wait for every verdict")
+    p.add_argument("--json", action="store_true", help="print the suite (entries and metrics) as JSON")
+    p.set_defaults(handler=_run)

@@ -1,0 +1,83 @@
+"""Submitting a suite: every solution becomes an ordinary attempt with an evaluate job, under one suite row.
+
+Problems must all be known before anything is queued (one unknown name refuses the whole suite, naming the
+entry). A solution the service refuses on its own (its code too large, its problem too large for this
+machine) is kept as a `refused` entry with the reason, and the rest of the suite goes on.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+from sqlmodel import Session
+
+from kernelloop.contract import JobPublic, SubmissionRequest, SuiteCreate, SuiteEntryCreate, SuitePublic
+from kernelloop.server.errors import ApiError
+from kernelloop.server.service import Service
+from kernelloop.storage import suites
+from kernelloop.storage.models import Suite, row_id
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.results import Backend
+
+SUITE_PROPOSER = "suite"
+
+
+def submit_suite(service: Service, body: SuiteCreate, client: str) -> SuitePublic:
+    options = body.options
+    backend = service.backend_for("evaluate", body.backend)
+    with Session(service.engine) as session:
+        problem_ids = [
+            row_id(service.problem_row(session, e.problem, f"body.entries.{i}.problem"))
+            for i, e in enumerate(body.entries)
+        ]
+        suite = suites.create_suite(
+            session, name=body.name, backend=backend, policy=options.policy if options else None, client=client
+        )
+        session.commit()
+        suite_id = row_id(suite)
+    # each submission writes in its own transaction: the entries are written after, not alongside
+    entries = [
+        suites.entry(suite_id, problem_id, e.level, e.solution, _submit(service, suite_id, e, backend, options, client))
+        for e, problem_id in zip(body.entries, problem_ids)
+    ]
+    with Session(service.engine) as session:
+        session.add_all(entries)
+        session.commit()
+        row = session.get(Suite, suite_id)
+        assert row is not None
+        return suites.suite_public(session, row)
+
+
+def _submit(
+    service: Service, suite_id: int, entry: SuiteEntryCreate, backend: Backend, options: EvalOptions | None, client: str
+) -> JobPublic | str | None:
+    """The entry's evaluate job; why it was refused; or None when it has no solution."""
+    if entry.code is None:
+        return None
+    try:
+        request = SubmissionRequest(
+            problem=entry.problem,
+            code=entry.code,
+            backend=backend,
+            options=options,
+            proposer=SUITE_PROPOSER,
+            rationale=f"suite {suite_id}" + (f": {entry.solution}" if entry.solution else ""),
+        )
+        return service.submit("evaluate", request, client)
+    except ValidationError as exc:
+        return "; ".join(str(error["msg"]) for error in exc.errors())
+    except ApiError as exc:
+        return exc.body.message + (f" ({exc.body.fix})" if exc.body.fix else "")
+
+
+def suite(service: Service, suite_id: int) -> SuitePublic:
+    with Session(service.engine) as session:
+        row = session.get(Suite, suite_id)
+        if row is None:
+            raise ApiError(
+                404,
+                "unknown_suite",
+                f"no suite {suite_id}",
+                field="path.suite_id",
+                fix="use the id POST /v1/suites answered with; GET /v1/suites lists them",
+            )
+        return suites.suite_public(session, row)

@@ -1,0 +1,130 @@
+"""Suites: a set of problems, one solution each, scored as KernelBench scores a level.
+
+The entries point at ordinary attempts (recorded and evaluated like any other), so a suite adds no verdicts
+of its own: its metrics are read from the attempts' summaries whenever the suite is asked for, and it is
+finished once every solution's job has ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlmodel import Session, col, func, select
+
+from kernelloop.contract import (
+    FAST_P_THRESHOLDS,
+    TERMINAL_JOB_STATUSES,
+    JobPublic,
+    SuiteEntryPublic,
+    SuiteLevel,
+    SuitePublic,
+)
+from kernelloop.storage.models import Attempt, Job, Problem, Suite, SuiteEntry, row_id
+
+ALL_LEVELS = "all"
+
+
+def create_suite(session: Session, *, name: str | None, backend: str, policy: str | None, client: str) -> Suite:
+    suite = Suite(name=name, backend=backend, policy=policy, client=client)
+    session.add(suite)
+    session.flush()
+    return suite
+
+
+def entry(
+    suite_id: int, problem_id: int, level: str, solution: str | None, submitted: JobPublic | str | None
+) -> SuiteEntry:
+    """An entry row: its job and attempt when the solution was submitted, the reason when it was refused, neither
+    when there was no solution."""
+    job = submitted if isinstance(submitted, JobPublic) else None
+    return SuiteEntry(
+        suite_id=suite_id,
+        problem_id=problem_id,
+        level=level,
+        solution=solution,
+        attempt_id=job.attempt_id if job else None,
+        job_id=job.id if job else None,
+        note=submitted if isinstance(submitted, str) else "",
+    )
+
+
+def list_suites(session: Session, limit: int, offset: int) -> tuple[list[Suite], int]:
+    total = session.exec(select(func.count()).select_from(Suite)).one()
+    rows = session.exec(select(Suite).order_by(col(Suite.id).desc()).offset(offset).limit(limit)).all()
+    return list(rows), total
+
+
+def suite_public(session: Session, suite: Suite) -> SuitePublic:
+    rows = session.exec(
+        select(SuiteEntry, Problem, Attempt, Job)
+        .join(Problem, col(Problem.id) == SuiteEntry.problem_id)
+        .join(Attempt, col(Attempt.id) == SuiteEntry.attempt_id, isouter=True)
+        .join(Job, col(Job.id) == SuiteEntry.job_id, isouter=True)
+        .where(SuiteEntry.suite_id == row_id(suite))
+        .order_by(col(SuiteEntry.id))
+    ).all()
+    entries = [_entry_public(entry, problem, attempt, job) for entry, problem, attempt, job in rows]
+    levels = sorted({e.level for e in entries}, key=_level_order)
+    metrics = [level_metrics(level, [e for e in entries if e.level == level]) for level in levels]
+    if len(levels) > 1:
+        metrics.append(level_metrics(ALL_LEVELS, entries))
+    return SuitePublic(
+        id=row_id(suite),
+        name=suite.name,
+        backend=suite.backend,
+        policy=suite.policy,
+        status="finished" if all(e.status != "pending" for e in entries) else "running",
+        created_at=suite.created_at,
+        levels=metrics,
+        entries=entries,
+    )
+
+
+def _entry_public(entry: SuiteEntry, problem: Problem, attempt: Attempt | None, job: Job | None) -> SuiteEntryPublic:
+    if attempt is None:
+        status = "refused" if entry.note else "no_solution"
+    elif job is not None and job.status not in TERMINAL_JOB_STATUSES:
+        status = "pending"
+    else:
+        status = str(attempt.status)
+    message = entry.note or (job.note if job is not None else "")
+    return SuiteEntryPublic(
+        problem=problem.name,
+        level=entry.level,
+        solution=entry.solution,
+        attempt_id=entry.attempt_id,
+        job_id=entry.job_id,
+        status=status,
+        correct=bool(attempt is not None and attempt.correct and status != "pending"),
+        speedup=attempt.speedup if attempt is not None and status != "pending" else None,
+        message=message,
+    )
+
+
+def level_metrics(level: str, entries: Sequence[SuiteEntryPublic]) -> SuiteLevel:
+    """Correctness rate and fast_p over every problem of the level: a problem without a solution, or whose
+    solution failed, counts in the denominator as KernelBench counts it."""
+    n = len(entries)
+    correct = [e for e in entries if e.correct]
+    fast_p = {
+        _p_key(p): (sum(1 for e in correct if e.speedup is not None and e.speedup > p) / n if n else 0.0)
+        for p in FAST_P_THRESHOLDS
+    }
+    return SuiteLevel(
+        level=level,
+        problems=n,
+        with_solution=sum(1 for e in entries if e.status not in ("no_solution",)),
+        evaluated=sum(1 for e in entries if e.status not in ("no_solution", "pending")),
+        correct=len(correct),
+        correctness_rate=len(correct) / n if n else 0.0,
+        fast_p=fast_p,
+    )
+
+
+def _p_key(p: float) -> str:
+    return f"fast_{p:g}"
+
+
+def _level_order(level: str) -> tuple[int, str]:
+    digits = "".join(ch for ch in level if ch.isdigit())
+    return (int(digits) if digits else 1 << 30, level)

@@ -1,0 +1,148 @@
+"""`kernelloop suite`: a folder of KernelBench-format problems and a folder of solutions, judged through the service
+and scored as KernelBench scores a level (correctness rate, fast_p), every solution kept in the history."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kernelloop.agent.embedded import EmbeddedService
+from kernelloop.agent.suite import find_solution, plan_suite, registered_name
+from kernelloop.cli import main
+from kernelloop.server.settings import ServiceSettings
+from kernelloop.storage.suites import level_metrics
+from kernelloop.tools.problems import ProblemError, problem_sets
+
+PROBLEM = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+{body}
+
+def get_inputs():
+    return [torch.randn(256, 1024)]
+
+def get_init_inputs():
+    return []
+"""
+SOLUTION = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return {expression}
+"""
+# the reference wastes 64 passes over its input: a one-pass solution is many times faster on any CPU
+WASTEFUL_ADD_ONE = "        for _ in range(64):\n            x = x + 0.0\n        return x + 1"
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def kernelbench_layout(tmp_path: Path) -> tuple[Path, Path]:
+    """Two levels in KernelBench's layout; solutions named both ways KernelBench's runs name them."""
+    problems, solutions = tmp_path / "KernelBench", tmp_path / "solutions"
+    _write(problems / "level1" / "1_Wasteful_add_one.py", PROBLEM.format(body=WASTEFUL_ADD_ONE))
+    _write(problems / "level1" / "2_Scale.py", PROBLEM.format(body="        return x * 2"))
+    _write(problems / "level1" / "3_Tanh.py", PROBLEM.format(body="        return torch.tanh(x)"))
+    _write(problems / "level2" / "1_Relu_then_scale.py", PROBLEM.format(body="        return torch.relu(x) * 0.5"))
+    _write(solutions / "1_Wasteful_add_one.py", SOLUTION.format(expression="x + 1"))
+    _write(solutions / "level1" / "2_Scale.py", SOLUTION.format(expression="x * 3"))  # wrong
+    _write(solutions / "level_2_problem_1_sample_0_kernel.py", SOLUTION.format(expression="torch.relu(x) * 0.5"))
+    return problems, solutions
+
+
+def test_a_kernelbench_tree_is_planned_level_by_level_with_each_solution_found(kernelbench_layout) -> None:
+    problems, solutions = kernelbench_layout
+    plan = plan_suite(problems, solutions)
+
+    assert [(p.level, p.path.name, p.solution.name if p.solution else None) for p in plan] == [
+        ("level1", "1_Wasteful_add_one.py", "1_Wasteful_add_one.py"),
+        ("level1", "2_Scale.py", "2_Scale.py"),
+        ("level1", "3_Tanh.py", None),
+        ("level2", "1_Relu_then_scale.py", "level_2_problem_1_sample_0_kernel.py"),
+    ]
+    assert list(problem_sets(problems / "level2")) == ["level2"]  # one level folder is a set of its own
+    _write(solutions / "level_2_problem_1_sample_3_kernel.py", "")
+    assert find_solution(solutions, "level2", problems / "level2" / "1_Relu_then_scale.py").name.endswith(
+        "sample_0_kernel.py"
+    )
+    (problems / "empty").mkdir()
+    with pytest.raises(ProblemError, match="no problem files"):
+        problem_sets(problems / "empty")
+    assert registered_name("19_ReLU") == "19_ReLU"
+    assert registered_name("1_Conv", "level2") == "level2_1_Conv"
+    long = registered_name("9" * 80 + "-x")
+    assert len(long) == 64 and long.startswith("999") and "-" not in long
+
+
+def test_fast_p_counts_every_problem_of_the_level_and_only_correct_solutions() -> None:
+    from kernelloop.contract import SuiteEntryPublic
+
+    def entry(status: str, correct: bool, speedup: float | None) -> SuiteEntryPublic:
+        return SuiteEntryPublic(
+            problem="p", level="level1", solution=None, attempt_id=None, job_id=None,
+            status=status, correct=correct, speedup=speedup,
+        )  # fmt: skip
+
+    metrics = level_metrics(
+        "level1",
+        [
+            entry("passed", True, 2.5),
+            entry("passed", True, 1.2),
+            entry("wrong_result", False, None),
+            entry("suspicious", True, None),  # correct, but no honest timing: fast_0 does not count it
+            entry("no_solution", False, None),
+        ],
+    )
+    assert metrics.problems == 5 and metrics.with_solution == 4 and metrics.correct == 3
+    assert metrics.correctness_rate == pytest.approx(0.6)
+    assert metrics.fast_p == pytest.approx({"fast_0": 0.4, "fast_1": 0.4, "fast_1.5": 0.2, "fast_2": 0.2})
+
+
+def test_the_suite_command_scores_each_level_and_records_every_attempt(
+    kernelbench_layout, session_root: Path, capsys
+) -> None:
+    problems, solutions = kernelbench_layout
+    settings = ServiceSettings(data_dir=session_root / "suite-data", problems_dir=session_root / "suite-problems")
+    with EmbeddedService(settings) as service:
+        code = main(["suite", str(problems), str(solutions), "--server", service.url, "--backend", "cpu", "--json"])
+        out = json.loads(capsys.readouterr().out)
+        suite = out["suite"]
+        fetched = httpx.get(f"{service.url}/v1/suites/{suite['id']}").json()
+        attempts = [
+            httpx.get(f"{service.url}/v1/attempts/{e['attempt_id']}").json()
+            for e in suite["entries"]
+            if e["attempt_id"]
+        ]
+
+    assert code == 0, out
+    assert fetched == suite
+    by_problem = {e["problem"]: e for e in suite["entries"]}
+    assert by_problem["1_Wasteful_add_one"]["status"] == "passed" and by_problem["1_Wasteful_add_one"]["speedup"] > 2
+    assert by_problem["2_Scale"]["status"] == "wrong_result" and not by_problem["2_Scale"]["correct"]
+    assert by_problem["3_Tanh"]["status"] == "no_solution"
+    assert by_problem["1_Relu_then_scale"]["correct"]
+    levels = {level["level"]: level for level in suite["levels"]}
+    assert set(levels) == {"level1", "level2", "all"}
+    assert levels["level1"]["problems"] == 3 and levels["level1"]["correct"] == 1
+    assert levels["level1"]["fast_p"]["fast_2"] == pytest.approx(1 / 3)
+    assert levels["level2"]["correctness_rate"] == 1 and levels["level2"]["fast_p"]["fast_2"] == 0
+    assert levels["all"]["problems"] == 4 and levels["all"]["correct"] == 2
+    # each solution is an attempt like any other, judged under KernelBench's policy (their files have no metadata)
+    assert len(attempts) == 3 and {a["proposer"] for a in attempts} == {"suite"}
+    tests = [e for a in attempts for e in a["evaluations"] if e["kind"] == "test"]
+    assert tests and {t["result"]["tolerance"]["name"] for t in tests} == {"kernelbench"}
