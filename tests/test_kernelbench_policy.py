@@ -297,3 +297,57 @@ def test_a_benchmark_checks_timed_outputs_by_the_policy_the_test_passed(kl, tmp_
     assert tested.status == Status.passed, tested.message
     assert timed.status == Status.passed and timed.shapes[0].outputs_checked >= 5, timed.message
     assert strict.status == Status.suspicious and "x max|reference|" in strict.message, strict.message
+
+
+LINEAR = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.linear(x)
+
+def get_inputs():
+    return [torch.randn(16, 64)]
+
+def get_init_inputs():
+    return []
+"""
+LINEAR_CANDIDATE = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        if self.linear.weight.dtype != x.dtype:  # the models and the inputs were not cast alike
+            raise TypeError(f"weights {self.linear.weight.dtype}, input {x.dtype}")
+        return EXPRESSION
+"""
+
+
+@pytest.mark.parametrize(
+    "precision, expression, status, words",
+    [
+        ("fp16", "self.linear(x)", Status.passed, "atol=0.01"),
+        ("bf16", "torch.nn.functional.linear(x, self.linear.weight, self.linear.bias)", Status.passed, "atol=0.01"),
+        ("fp16", "self.linear(x).float()", Status.wrong_output, "dtype torch.float32, expected torch.float16"),
+        ("bf16", "self.linear(x) * 1.02", Status.wrong_result, "allclose"),  # 2% off: over bf16's 1e-2
+    ],
+)
+def test_the_precision_option_casts_inputs_and_both_models_and_fits_the_tolerance(
+    kl, tmp_path: Path, precision: str, expression: str, status: Status, words: str
+) -> None:
+    problem = _problem(tmp_path, "linear", LINEAR)
+    code = LINEAR_CANDIDATE.replace("EXPRESSION", expression)
+    result = api.run_tests(problem, code, "cpu", EvalOptions(seeds=1, precision=precision), kl.settings)
+
+    assert result.status == status, result.message
+    assert result.tolerance is not None and result.tolerance.atol == 1e-2
+    text = result.message + " ".join(c.message for c in result.checks) + str(result.tolerance)
+    assert status == Status.passed or words in text, text

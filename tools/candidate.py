@@ -78,15 +78,23 @@ def state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def make_inputs(
-    problem_module: ModuleType, shape: ShapeSpec, dtype: torch.dtype, device: torch.device, seed: int
+    problem_module: ModuleType,
+    shape: ShapeSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    *,
+    cast: bool = False,
 ) -> list[Any]:
     """Fresh random inputs for one shape: randn of the declared sizes, drawn on the device, or the
-    file's own get_inputs() under the seed for a plain KernelBench problem."""
+    file's own get_inputs() under the seed for a plain KernelBench problem (its floating inputs cast to `dtype`
+    with `cast`, as KernelBench's precision option does)."""
     if shape.input_shapes is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
         return [torch.randn(size, generator=generator, dtype=dtype, device=device) for size in shape.input_shapes]
     torch.manual_seed(seed)
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in problem_module.get_inputs()]
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in problem_module.get_inputs()]
+    return [x.to(dtype) if cast and isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
 
 
 def clone_inputs(inputs: list[Any]) -> list[Any]:

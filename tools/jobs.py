@@ -30,6 +30,11 @@ class EvalOptions(BaseModel):
         "(KernelBench's own check: allclose against the reference, models in training mode); default: the "
         "problem's own (kernelbench for a KernelBench file without our metadata)",
     )
+    precision: Literal["fp32", "fp16", "bf16"] | None = Field(
+        None,
+        description="KernelBench's precision option: the inputs and both models cast to it, the tolerance fitted to "
+        "it; default: the problem's own dtype, nothing cast",
+    )
     timeout_s: float | None = Field(
         None, gt=0, le=3600, description="wall-clock limit of the worker; default per phase"
     )

@@ -31,10 +31,11 @@ import torch
 from kernelloop.tools import candidate, checking, devices, timing
 from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.problems import (
-    TOLERANCES,
     ShapeSpec,
     import_problem_module,
+    job_dtype,
     kernelbench_policy,
+    truth_policy,
     verdict_policy,
 )
 from kernelloop.tools.results import (
@@ -98,6 +99,8 @@ class Session:
     problem_module: ModuleType
     dtype: torch.dtype
     policy: TolerancePolicy
+    cast: bool = False
+    """KernelBench's precision option was given: the inputs and both models are cast to `dtype`"""
     launch_overhead_ms: float = 0.0
     calls_made: int = 0
     ops: set[str] = field(default_factory=set)
@@ -179,9 +182,11 @@ def _start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileRes
         return result, None
     device = _device(job)
     result.device = started.device
+    precision = job.options.precision
     session = Session(
-        job, link, report, device, problem_module, DTYPES.get(job.problem.dtype, torch.float32),
-        verdict_policy(job.problem, job.options.policy), launch_overhead_ms=started.launch_overhead_ms,
+        job, link, report, device, problem_module, DTYPES.get(job_dtype(job.problem, precision), torch.float32),
+        verdict_policy(job.problem, job.options.policy, precision), cast=precision is not None,
+        launch_overhead_ms=started.launch_overhead_ms,
     )  # fmt: skip
     return result, session
 
@@ -251,7 +256,7 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
         backend=job.backend,
         device=compiled.device,
         compile=compiled,
-        tolerance=verdict_policy(job.problem, job.options.policy),
+        tolerance=verdict_policy(job.problem, job.options.policy, job.options.precision),
         step_seconds=compiled.step_seconds,
     )
     if session is None or compiled.status != Status.passed:
@@ -359,6 +364,7 @@ def _prepare(
         input_sets=shared.input_sets,
         output_slots=shared.slots,
         training_mode=session.policy.training_mode,
+        cast_to=str(session.dtype).removeprefix("torch.") if session.cast else None,
     )
     prepared = session.link.ask(request, Prepared, 120, fds=shared.fds)
     shared.close()  # the runner holds its own copies of the descriptors now
@@ -423,13 +429,14 @@ def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult
             raise Fail(Status.input_mutated, mutated)
     session.observe()
     first, second = outputs
-    strict = TOLERANCES["fp32"] if policy.name == "kernelbench" else policy
+    dtype = job_dtype(job.problem, job.options.precision)
+    strict = truth_policy("fp32", dtype) if policy.name == "kernelbench" else policy
 
     def by_truth(out: list[torch.Tensor]) -> ShapeCheck:
         return checking.compare_outputs(out, truth or [], strict.max_rel_error)
 
     def by_kernelbench(out: list[torch.Tensor]) -> ShapeCheck:
-        kernelbench = kernelbench_policy(job.problem.dtype)
+        kernelbench = kernelbench_policy(dtype)
         return checking.compare_allclose(out, reference_out, kernelbench.atol or 0.0, kernelbench.rtol or 0.0)
 
     judge, other = (by_kernelbench, by_truth) if policy.name == "kernelbench" else (by_truth, by_kernelbench)
@@ -477,8 +484,8 @@ def _expected(session: Session, shape: ShapeSpec, seed: int) -> _Expected:
     device, policy = session.device, session.policy
     try:
         torch.manual_seed(seed)
-        reference = _in_mode(session.problem_module.Model(*shape.init_inputs).to(device), policy)
-        inputs = candidate.make_inputs(session.problem_module, shape, session.dtype, device, seed)
+        reference = _reference(session, shape)
+        inputs = _inputs(session, shape, seed)
         with torch.no_grad():
             started = time.perf_counter()
             outputs = checking.flatten_outputs(reference(*candidate.clone_inputs(inputs))) or []
@@ -514,9 +521,17 @@ def _harness_failure(what: str, exc: BaseException, remedy: str = "") -> str:
     return f"{what} (the problem's side, not the kernel's): {_error_text(exc)[:500]}; {remedy}"
 
 
-def _in_mode(model: torch.nn.Module, policy: TolerancePolicy) -> torch.nn.Module:
-    """The judge's reference as the policy calls it: as constructed (training mode) or in eval mode."""
-    return model if policy.training_mode else model.eval()
+def _reference(session: Session, shape: ShapeSpec) -> torch.nn.Module:
+    """The judge's reference for a shape, on the device, cast where the job asks for a precision, and in the mode
+    the policy calls it: as constructed (training mode) or eval mode."""
+    model = session.problem_module.Model(*shape.init_inputs).to(session.device)
+    if session.cast:
+        model = model.to(session.dtype)
+    return model if session.policy.training_mode else model.eval()
+
+
+def _inputs(session: Session, shape: ShapeSpec, seed: int) -> list[Any]:
+    return candidate.make_inputs(session.problem_module, shape, session.dtype, session.device, seed, cast=session.cast)
 
 
 # ---- benchmark ----------------------------------------------------------------------------------------------
@@ -602,11 +617,8 @@ def _shape_inputs(
     """The judge's reference for a shape, two input sets, and the reference's output on the first."""
     try:
         torch.manual_seed(seed)
-        reference = _in_mode(session.problem_module.Model(*shape.init_inputs).to(session.device), session.policy)
-        input_sets = [
-            candidate.make_inputs(session.problem_module, shape, session.dtype, session.device, seed + i)
-            for i in range(2)
-        ]
+        reference = _reference(session, shape)
+        input_sets = [_inputs(session, shape, seed + i) for i in range(2)]
         with torch.no_grad():
             outputs = checking.flatten_outputs(reference(*input_sets[0])) or []
     except Exception as exc:

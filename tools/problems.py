@@ -41,6 +41,11 @@ TOLERANCES = {
 }
 POLICY_CHOICES = ("strict", "tf32", "kernelbench")
 """what a request or the command line may ask for (strict is the fp32 policy)"""
+TRUTH_TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2, "float64": 1e-9}
+"""max error over max |truth| of the strict and tf32 policies for problems computed in other precisions than fp32
+(fp16's epsilon is 1e-3 and bf16's 8e-3: a reduction in them lands near a few epsilons)"""
+PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+"""KernelBench's precision option: inputs and both models cast to it"""
 KERNELBENCH_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
 """KernelBench's atol = rtol for each precision (src/kernelbench/eval.py, get_tolerance_for_precision)"""
 CHECK_COPIES = 8
@@ -68,7 +73,7 @@ def describe_policy(policy: TolerancePolicy) -> str:
     """One line for people and agents: how a test under `policy` decides."""
     if policy.name == "kernelbench":
         return (
-            f"the kernelbench policy: torch.allclose against the reference (atol={policy.atol:g}, "
+            f"the kernelbench policy: torch.allclose against the reference in its precision (atol={policy.atol:g}, "
             f"rtol={policy.rtol:g}), models in training mode, {policy.min_trials} input sets at least"
         )
     precision = "TF32 allowed" if policy.allow_tf32 else "strict fp32"
@@ -99,13 +104,24 @@ def unjudgeable(problem: ProblemSpec) -> list[str]:
     return notes
 
 
-def verdict_policy(problem: ProblemSpec, choice: str | None) -> TolerancePolicy:
-    """The policy a job is judged under: the one asked for, else the problem's own."""
-    if choice is None:
-        return problem.tolerance
-    if choice == "kernelbench":
-        return kernelbench_policy(problem.dtype)
-    return TOLERANCES["fp32" if choice == "strict" else choice]
+def truth_policy(name: str, dtype: str) -> TolerancePolicy:
+    """The strict (`fp32`) or `tf32` policy for a problem computed in `dtype`: its limit fits that precision."""
+    policy = TOLERANCES[name]
+    if dtype in TRUTH_TOLERANCE:
+        policy = policy.model_copy(update={"max_rel_error": TRUTH_TOLERANCE[dtype]})
+    return policy
+
+
+def job_dtype(problem: ProblemSpec, precision: str | None) -> str:
+    """The dtype a job computes in: the precision asked for (inputs and both models cast), else the problem's."""
+    return PRECISIONS[precision] if precision else problem.dtype
+
+
+def verdict_policy(problem: ProblemSpec, choice: str | None, precision: str | None = None) -> TolerancePolicy:
+    """The policy a job is judged under: the one asked for, else the problem's own, fitted to the job's dtype."""
+    dtype = job_dtype(problem, precision)
+    name = problem.tolerance.name if choice is None else ("fp32" if choice == "strict" else choice)
+    return kernelbench_policy(dtype) if name == "kernelbench" else truth_policy(name, dtype)
 
 
 class ProblemError(ValueError):
@@ -292,7 +308,7 @@ def _derive_spec(path: Path, name: str | None) -> ProblemSpec:
     for shape in shapes:
         _measure(module, shape, dtype)
     # A KernelBench file is judged as KernelBench judges it unless it says otherwise; ours by their metadata
-    tolerance = TOLERANCES["tf32" if allow_tf32 else "fp32"] if has_metadata else kernelbench_policy(dtype)
+    tolerance = truth_policy("tf32" if allow_tf32 else "fp32", dtype) if has_metadata else kernelbench_policy(dtype)
     return ProblemSpec(
         name=name or (path.parent.name if path.name == "problem.py" else path.stem),
         path=str(path),

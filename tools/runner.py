@@ -58,6 +58,11 @@ def _in_mode(model: torch.nn.Module, training_mode: bool) -> torch.nn.Module:
     return model if training_mode else model.eval()
 
 
+def _placed(model: torch.nn.Module, device: torch.device, cast: torch.dtype | None) -> torch.nn.Module:
+    model = model.to(device)
+    return model.to(cast) if cast is not None else model
+
+
 def _why_no_gpu() -> str:
     """What CUDA says when torch finds no GPU: none bound into the sandbox, or a driver that failed to start."""
     nodes = sorted(p.name for p in Path("/dev").glob("nvidia*"))
@@ -197,7 +202,10 @@ class Runner:
         assert self.problem_module is not None
         self.model = self.input_sets = self.output_slots = None  # type: ignore[assignment]
         torch.manual_seed(request.seed)
-        layout = _in_mode(self.problem_module.Model(*request.shape.init_inputs).to(self.device), request.training_mode)
+        cast = getattr(torch, request.cast_to) if request.cast_to else None
+        layout = _in_mode(
+            _placed(self.problem_module.Model(*request.shape.init_inputs), self.device, cast), request.training_mode
+        )
         state = candidate.state_tensors(layout)
         with torch.no_grad():
             for name, shared in request.parameters.items():
@@ -210,7 +218,8 @@ class Runner:
             assert self.model_new is not None
             try:
                 torch.manual_seed(request.seed)
-                self.model = _in_mode(self.model_new(*request.shape.init_inputs).to(self.device), request.training_mode)
+                built = _placed(self.model_new(*request.shape.init_inputs), self.device, cast)
+                self.model = _in_mode(built, request.training_mode)
                 mapping = candidate.copy_parameters(layout, self.model)
             except TypeError as exc:
                 return Prepared(error=f"ModelNew raised {_error_text(exc)}", signature_error=True)

@@ -66,6 +66,9 @@ class Prepare(BaseModel):
     input_sets: list[list[Argument]]
     output_slots: list[list[SharedTensor]]
     training_mode: bool = Field(False, description="leave the models as constructed, not in eval mode")
+    cast_to: Literal["float32", "float16", "bfloat16"] | None = Field(
+        None, description="cast both models to this dtype (KernelBench's precision option)"
+    )
 
 
 class Call(BaseModel):

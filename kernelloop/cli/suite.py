@@ -23,7 +23,7 @@ from kernelloop.agent.settings import AgentSettings
 from kernelloop.agent.suite import SuiteOutcome, plan_suite, run_suite
 from kernelloop.contract import FAST_P_THRESHOLDS, SuitePublic
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.problems import POLICY_CHOICES, ProblemError
+from kernelloop.tools.problems import POLICY_CHOICES, PRECISIONS, ProblemError
 
 
 def format_suite(outcome: SuiteOutcome) -> str:
@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"kernelloop suite: PROBLEMS_DIR: {exc}", file=sys.stderr)
         return 2
     settings = AgentSettings(data_dir=Path(args.data_dir)) if args.data_dir else AgentSettings()
-    options = EvalOptions(policy=args.policy) if args.policy else None
+    options = EvalOptions(policy=args.policy, precision=args.precision) if args.policy or args.precision else None
     with ExitStack() as stack:
         try:
             server, _ = serve_unless_given(args.server or settings.server_url, settings.data_dir, stack)
@@ -130,6 +130,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=["cuda", "cpu"], help="default: cuda if the service has a GPU, else cpu")
     p.add_argument(
         "--policy", choices=POLICY_CHOICES, help="verdict policy; default: each problem's own (kernelbench for theirs)"
+    )
+    p.add_argument(
+        "--precision", choices=sorted(PRECISIONS), help="KernelBench's precision option: inputs and models cast to it"
     )
     p.add_argument("--name", help="a label for the suite in the history")
     p.add_argument("--server", help="URL of a running kernelloop service (default: start one embedded)")

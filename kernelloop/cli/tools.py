@@ -13,7 +13,14 @@ from kernelloop.cli.live_line import LiveLine
 from kernelloop.tools.api import benchmark, default_backend, run_phase, run_tests
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import PHASES
-from kernelloop.tools.problems import POLICY_CHOICES, PROBLEMS_DIR, ProblemError, describe_policy, load_problem
+from kernelloop.tools.problems import (
+    POLICY_CHOICES,
+    PRECISIONS,
+    PROBLEMS_DIR,
+    ProblemError,
+    describe_policy,
+    load_problem,
+)
 from kernelloop.tools.results import (
     BenchmarkResult,
     CompileResult,
@@ -121,6 +128,7 @@ def _run_tool(args: argparse.Namespace) -> int:
         time_budget_s=args.time_budget,
         timeout_s=args.timeout,
         policy=args.policy,
+        precision=args.precision,
     )
     backend = args.backend or default_backend()
     with LiveLine(args.phase, sys.stderr) as live:
@@ -161,6 +169,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
             choices=POLICY_CHOICES,
             help="how a test judges: strict (fp32) or tf32 against the float64 truth, or kernelbench (KernelBench's "
             "own check); default: the problem's (kernelbench for a KernelBench file without our metadata)",
+        )
+        p.add_argument(
+            "--precision",
+            choices=sorted(PRECISIONS),
+            help="KernelBench's precision option: cast the inputs and both models (default: the problem's dtype)",
         )
         p.set_defaults(handler=_run_tool, phase=phase.name)
     demo = sub.add_parser("demo", help="test and time the shipped example kernel (GPU if present, else CPU)")
