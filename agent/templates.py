@@ -151,8 +151,13 @@ def load_template(path: Path) -> KernelTemplate | None:
 
 
 def problem_folder(problem: str) -> Path | None:
-    folder = PROBLEMS_DIR / problem
-    return folder if (folder / "problem.py").is_file() else None
+    """Where a problem's templates and examples live: `reference_problems/<name>/` for a shipped problem, or, for
+    a problem given by path as `FOLDER/problem.py`, that FOLDER (laid out as a shipped problem is)."""
+    path = Path(problem)
+    candidates = [path.parent] if path.name == "problem.py" else []
+    if "/" not in problem:
+        candidates.append(PROBLEMS_DIR / problem)
+    return next((folder for folder in candidates if (folder / "problem.py").is_file()), None)
 
 
 def discover_templates(problem: str, backend: Backend, errors: list[str] | None = None) -> list[KernelTemplate]:

@@ -27,6 +27,7 @@ from kernelloop.agent.templates import KernelTemplate, TemplateError, discover_t
 from kernelloop.contract import JobPublic
 from kernelloop.tools.results import BenchmarkResult, ShapeBenchmark, Status, TestResult
 
+REPO = Path(__file__).resolve().parent.parent
 TOOL = ToolDefinition(
     name="compile_kernel",
     description="build it",
@@ -196,10 +197,26 @@ def test_parallel_search_climbs_several_neighbours_at_once_and_keeps_each_shapes
     assert winners["long"].speedup == pytest.approx(5.0)
 
 
-def test_search_refuses_a_problem_without_templates() -> None:
-    config = AgentRunConfig(problem="no_such_problem", backend="cpu", proposer="search")
+def test_search_refuses_a_problem_without_templates_saying_what_a_problem_folder_holds(tmp_path: Path) -> None:
+    reference = REPO / "reference_problems" / "causal_conv1d"
+    bare = tmp_path / "19_Conv.py"
+    bare.write_text((reference / "problem.py").read_text())
+    config = AgentRunConfig(problem=str(bare), backend="cpu", proposer="search")
     reason = SearchProposer.unavailable_reason(config)
-    assert reason is not None and "--proposer llm" in reason
+    assert reason is not None and "--proposer llm" in reason and "FOLDER/example_cpu.py" in reason, reason
+
+    # the same file laid out as a shipped problem is: the search starts from its example and varies its templates
+    folder = tmp_path / "my_conv"
+    (folder / "templates").mkdir(parents=True)
+    (folder / "problem.py").write_text(bare.read_text())
+    (folder / "example_cpu.py").write_text((reference / "example_cpu.py").read_text())
+    config = AgentRunConfig(problem=str(folder / "problem.py"), backend="cpu", proposer="search")
+    assert SearchProposer.unavailable_reason(config) is None
+    proposer = SearchProposer(config)
+    assert proposer.baseline is not None and proposer.baseline.name == "example_cpu" and proposer.templates == []
+    shipped = next((reference / "templates").glob("cpu_*.py"))
+    (folder / "templates" / shipped.name).write_text(shipped.read_text())
+    assert [t.name for t in discover_templates(str(folder / "problem.py"), "cpu")] == [shipped.stem]
 
 
 # ----------------------------------------------------------------------------------------- transcripts

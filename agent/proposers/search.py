@@ -115,10 +115,15 @@ class SearchProposer:
         """Why the search cannot run on this problem and backend, or None."""
         templates = discover_templates(config.problem, config.chosen_backend)
         if not templates and baseline_kernel(config.problem, config.chosen_backend, templates) is None:
+            backend = config.chosen_backend
             return (
-                f"the search has nothing to start from: {config.problem} ships no kernel templates and no "
-                f"example_{config.backend}.py for the {config.backend} backend; add templates under "
-                f"reference_problems/{config.problem}/templates/ or use --proposer llm"
+                f"the search has nothing to start from: {config.problem} has no kernel templates and no "
+                f"example_{backend}.py for the {backend} backend. Use --proposer llm (with a model, any KernelBench "
+                "file works), or lay the problem out as a folder and pass --problem FOLDER/problem.py: "
+                f"FOLDER/problem.py (the KernelBench file), FOLDER/example_{backend}.py (a correct ModelNew, where "
+                "the search starts) and, for the search to vary, FOLDER/templates/NAME.py (ModelNew files with "
+                "PARAMS = {...} and PARAM_SPACE = {...} literals; reference_problems/causal_conv1d/templates shows "
+                "them)"
             )
         return None
 
