@@ -63,3 +63,52 @@ def test_a_wrong_argmax_is_a_wrong_result_naming_the_element(kl, argmax) -> None
 
     assert tested.status == Status.wrong_result, tested.message
     assert "compared exactly" in tested.message and "first at [" in tested.message, tested.message
+
+
+MASKED_CUMSUM = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x, mask):
+        return torch.cumsum(x * mask, dim=self.dim)
+
+def get_inputs():
+    return [torch.randn(8, 512), torch.randint(0, 2, (8, 512)).bool()]
+
+def get_init_inputs():
+    return [1]
+"""
+MASKED_CANDIDATE = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x, mask):
+        return {expression}
+"""
+
+
+@pytest.mark.parametrize(
+    "expression, policy, status",
+    [
+        ("torch.where(mask, x, torch.zeros_like(x)).cumsum(self.dim)", "kernelbench", Status.passed),
+        ("torch.where(mask, x, torch.zeros_like(x)).cumsum(self.dim)", "strict", Status.passed),
+        ("torch.cumsum(x, dim=self.dim)", "kernelbench", Status.wrong_result),  # the mask ignored
+        ("torch.cumsum(x * ~mask, dim=self.dim)", "strict", Status.wrong_result),  # the mask read the wrong way round
+    ],
+    ids=["right-kernelbench", "right-strict", "mask-ignored", "mask-inverted"],
+)
+def test_a_boolean_mask_input_reaches_the_candidate_as_drawn(kl, tmp_path: Path, expression, policy, status) -> None:
+    path = tmp_path / "masked_cumsum.py"
+    path.write_text(MASKED_CUMSUM)
+    code = MASKED_CANDIDATE.format(expression=expression)
+    tested = api.run_tests(load_problem_file(path), code, "cpu", EvalOptions(seeds=1, policy=policy), kl.settings)
+
+    assert tested.status == status, tested.message
