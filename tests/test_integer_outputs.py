@@ -99,11 +99,9 @@ class ModelNew(torch.nn.Module):
     "expression, policy, status",
     [
         ("torch.where(mask, x, torch.zeros_like(x)).cumsum(self.dim)", "kernelbench", Status.passed),
-        ("torch.where(mask, x, torch.zeros_like(x)).cumsum(self.dim)", "strict", Status.passed),
-        ("torch.cumsum(x, dim=self.dim)", "kernelbench", Status.wrong_result),  # the mask ignored
         ("torch.cumsum(x * ~mask, dim=self.dim)", "strict", Status.wrong_result),  # the mask read the wrong way round
     ],
-    ids=["right-kernelbench", "right-strict", "mask-ignored", "mask-inverted"],
+    ids=["right", "mask-inverted"],
 )
 def test_a_boolean_mask_input_reaches_the_candidate_as_drawn(kl, tmp_path: Path, expression, policy, status) -> None:
     path = tmp_path / "masked_cumsum.py"

@@ -12,9 +12,9 @@ import re
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
 from conftest import ONE_CHECK, PROBLEM
 
 from kernelloop.tools import api
@@ -82,16 +82,7 @@ def test_hang_is_timeout_and_kills_the_process_group(kl):
     assert not _processes_with(token), "a process the worker started outlived the timeout"
 
 
-def test_a_hang_in_forward_ends_by_the_call_deadline_not_the_phase_limit(kl):
-    # the default phase limit is 900 s; the judge's deadline for a first call is 25 s
-    result = api.run_tests(PROBLEM, kl.helper_candidate("conv_hang"), "cpu", ONE_CHECK, kl.settings)
-
-    assert result.status == Status.timeout, result.message
-    assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 60, result.sandbox
-    assert "no answer within 25 s" in result.message and "shape small" in result.message, result.message
-
-
-HANGS = {
+HANGS_AT_LOAD = {
     "at_import": "import torch\nwhile True:\n    pass\n",
     "in_init": (
         "import torch\n\n"
@@ -104,15 +95,28 @@ HANGS = {
 }
 
 
-@pytest.mark.parametrize("where", sorted(HANGS))
-def test_a_hang_at_import_or_in_init_ends_without_waiting_for_the_phase_limit(kl, where):
-    # a build may take minutes, so loading has no fixed deadline; Python code that runs 25 s with no build
-    # process under it has hung
-    result = api.compile_kernel(PROBLEM, HANGS[where], "cpu", EvalOptions(), kl.settings)
+def test_hangs_end_by_their_deadlines_not_the_phase_limit_and_none_holds_up_another(kl):
+    """The default phase limit is 900 s. A first call has 25 s; loading has no fixed deadline (a build may take
+    minutes), but Python code that runs 25 s with no build process under it has hung. The three hangs run at
+    once, each in its own worker, and each ends by its own deadline."""
+    jobs = {
+        "in_forward": lambda: api.run_tests(PROBLEM, kl.helper_candidate("conv_hang"), "cpu", ONE_CHECK, kl.settings),
+        **{
+            where: (lambda code=code: api.compile_kernel(PROBLEM, code, "cpu", EvalOptions(), kl.settings))
+            for where, code in HANGS_AT_LOAD.items()
+        },
+    }
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = dict(zip(jobs, pool.map(lambda job: job(), jobs.values())))
 
-    assert result.status == Status.timeout, result.message
-    assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 45, result.sandbox
-    assert "no build running for 25 s" in result.message, result.message
+    forward = results.pop("in_forward")
+    assert forward.status == Status.timeout, forward.message
+    assert not forward.sandbox.timed_out and forward.sandbox.wall_seconds < 60, forward.sandbox
+    assert "no answer within 25 s" in forward.message and "shape small" in forward.message, forward.message
+    for where, result in results.items():
+        assert result.status == Status.timeout, (where, result.message)
+        assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 45, (where, result.sandbox)
+        assert "no build running for 25 s" in result.message, (where, result.message)
 
 
 def test_stdout_flood_is_capped_and_the_job_keeps_its_status(kl):

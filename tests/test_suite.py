@@ -119,7 +119,20 @@ def test_the_suite_command_scores_each_level_and_records_every_attempt(
     problems, solutions = kernelbench_layout
     settings = ServiceSettings(data_dir=session_root / "suite-data", problems_dir=session_root / "suite-problems")
     with EmbeddedService(settings) as service:
-        code = main(["suite", str(problems), str(solutions), "--server", service.url, "--backend", "cpu", "--json"])
+        code = main(
+            [
+                "suite",
+                str(problems),
+                str(solutions),
+                "--server",
+                service.url,
+                "--backend",
+                "cpu",
+                "--time-budget",
+                "0.3",
+                "--json",
+            ]
+        )
         out = json.loads(capsys.readouterr().out)
         suite = out["suite"]
         fetched = httpx.get(f"{service.url}/v1/suites/{suite['id']}").json()

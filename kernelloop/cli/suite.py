@@ -25,15 +25,15 @@ from kernelloop.contract import FAST_P_THRESHOLDS, SuitePublic
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import POLICY_CHOICES, PRECISIONS, ProblemError
 
+OWN_POLICY = "each problem's own"
+
 
 def format_suite(outcome: SuiteOutcome) -> str:
     """The entries, then KernelBench's metrics per level."""
     lines = []
     suite = outcome.suite
     if suite is not None:
-        lines.append(
-            f"suite {suite.id} on {suite.backend}, policy {suite.policy or 'each problem own'}: {suite.status}"
-        )
+        lines.append(f"suite {suite.id} on {suite.backend}, policy {suite.policy or OWN_POLICY}: {suite.status}")
         lines.append(f"{'level':8} {'problem':44} {'status':16} {'correct':>7} {'speedup':>8}  detail")
         for e in suite.entries:
             speedup = f"{e.speedup:.3f}" if e.speedup is not None else "-"
@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"kernelloop suite: PROBLEMS_DIR: {exc}", file=sys.stderr)
         return 2
     settings = AgentSettings(data_dir=Path(args.data_dir)) if args.data_dir else AgentSettings()
-    options = EvalOptions(policy=args.policy, precision=args.precision) if args.policy or args.precision else None
+    options = EvalOptions(policy=args.policy, precision=args.precision, time_budget_s=args.time_budget)
     with ExitStack() as stack:
         try:
             server, _ = serve_unless_given(args.server or settings.server_url, settings.data_dir, stack)
@@ -134,6 +134,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--precision", choices=sorted(PRECISIONS), help="KernelBench's precision option: inputs and models cast to it"
     )
+    p.add_argument("--time-budget", type=float, default=2.0, help="seconds of timing per benchmark shape, a cap")
     p.add_argument("--name", help="a label for the suite in the history")
     p.add_argument("--server", help="URL of a running kernelloop service (default: start one embedded)")
     p.add_argument("--data-dir", help="data folder of the embedded service (default .kernelloop)")
