@@ -19,7 +19,8 @@ from kernelloop.contract import (
     SuiteLevel,
     SuitePublic,
 )
-from kernelloop.storage.models import Attempt, Job, Problem, Suite, SuiteEntry, row_id
+from kernelloop.storage.models import Attempt, Evaluation, Job, Problem, Suite, SuiteEntry, row_id
+from kernelloop.tools.results import Status
 
 ALL_LEVELS = "all"
 
@@ -63,7 +64,11 @@ def suite_public(session: Session, suite: Suite) -> SuitePublic:
         .where(SuiteEntry.suite_id == row_id(suite))
         .order_by(col(SuiteEntry.id))
     ).all()
-    entries = [_entry_public(entry, problem, attempt, job) for entry, problem, attempt, job in rows]
+    failures = _failure_messages(session, [entry.attempt_id for entry, *_ in rows if entry.attempt_id is not None])
+    entries = [
+        _entry_public(entry, problem, attempt, job, failures.get(entry.attempt_id or 0, ""))
+        for entry, problem, attempt, job in rows
+    ]
     levels = sorted({e.level for e in entries}, key=_level_order)
     metrics = [level_metrics(level, [e for e in entries if e.level == level]) for level in levels]
     if len(levels) > 1:
@@ -80,14 +85,26 @@ def suite_public(session: Session, suite: Suite) -> SuitePublic:
     )
 
 
-def _entry_public(entry: SuiteEntry, problem: Problem, attempt: Attempt | None, job: Job | None) -> SuiteEntryPublic:
+def _failure_messages(session: Session, attempt_ids: list[int]) -> dict[int, str]:
+    """Each attempt's latest failed verdict, as `kind: message` (what a suite's reader wants to see first)."""
+    failed = session.exec(
+        select(Evaluation)
+        .where(col(Evaluation.attempt_id).in_(attempt_ids), Evaluation.status != Status.passed)
+        .order_by(col(Evaluation.id))
+    ).all()
+    return {e.attempt_id: f"{e.kind}: {e.message}" for e in failed}
+
+
+def _entry_public(
+    entry: SuiteEntry, problem: Problem, attempt: Attempt | None, job: Job | None, failure: str
+) -> SuiteEntryPublic:
     if attempt is None:
         status = "refused" if entry.note else "no_solution"
     elif job is not None and job.status not in TERMINAL_JOB_STATUSES:
         status = "pending"
     else:
         status = str(attempt.status)
-    message = entry.note or (job.note if job is not None else "")
+    message = entry.note or (job.note if job is not None and job.note else "") or failure
     return SuiteEntryPublic(
         problem=problem.name,
         level=entry.level,

@@ -147,6 +147,7 @@ def test_the_suite_command_scores_each_level_and_records_every_attempt(
     by_problem = {e["problem"]: e for e in suite["entries"]}
     assert by_problem["1_Wasteful_add_one"]["status"] == "passed" and by_problem["1_Wasteful_add_one"]["speedup"] > 2
     assert by_problem["2_Scale"]["status"] == "wrong_result" and not by_problem["2_Scale"]["correct"]
+    assert by_problem["2_Scale"]["message"].startswith("test: ") and "allclose" in by_problem["2_Scale"]["message"]
     assert by_problem["3_Tanh"]["status"] == "no_solution"
     assert by_problem["1_Relu_then_scale"]["correct"]
     levels = {level["level"]: level for level in suite["levels"]}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import gc
 import math
 import os
 import secrets
@@ -71,6 +72,9 @@ FIRST_CALL_DEADLINE_S = 25.0  # a candidate's first forward may JIT-compile (Tri
 CALL_DEADLINE_MIN_S = 10.0
 CALL_DEADLINE_FACTOR = 100.0  # a call may take this many times the reference's time before it counts as hung
 CALIBRATION_CALLS = 12
+OTHER_VERDICT_MAX_CHECK_BYTES = 8 << 30
+"""under the kernelbench policy, the float64 truth (for the strict policy's verdict beside it) is computed only for
+shapes whose check holds at most this much: KernelBench's level 1 inputs reach 8 GiB, their truth twice that"""
 LOAD_IDLE_LIMIT_S = 25.0  # building and importing may take minutes, but not this long with no build running
 # How much shorter than the judge's envelope (less its calibrated overhead) a runner's reported median may be
 # before the timing is `suspicious`. Honest kernels on the H200 left -0.11 to 0.30 ms a call unaccounted for (the
@@ -274,6 +278,12 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
             except (Fail, RunnerFailed) as exc:
                 failure = _as_failure(exc, "in forward")
                 check = ShapeCheck(shape=shape.name, seed=seed, status=failure.status, message=failure.message)
+            except (torch.OutOfMemoryError, MemoryError) as exc:  # in the judge's own copies or comparisons
+                _free_device_memory(session.device)
+                what = f"the judge ran out of memory checking shape {shape.name}"
+                check = ShapeCheck(
+                    shape=shape.name, seed=seed, status=Status.sandbox_error, message=_harness_failure(what, exc)
+                )
             result.checks.append(check)
             _tally_other_verdicts(result, check)
             report(result)
@@ -292,6 +302,12 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
         if failed_elsewhere:
             result.message += " (" + ", ".join(f"the {n} policy: {s.value}" for n, s in failed_elsewhere.items()) + ")"
     return result
+
+
+def _free_device_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _tally_other_verdicts(result: TestResult, check: ShapeCheck) -> None:
@@ -459,7 +475,10 @@ def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult
         )
     check.verdicts = {policy.name: check.status}
     if not expected.mode_matters and truth is not None:
-        check.verdicts[strict.name if policy.name == "kernelbench" else "kernelbench"] = other(first).status
+        try:
+            check.verdicts[strict.name if policy.name == "kernelbench" else "kernelbench"] = other(first).status
+        except (torch.OutOfMemoryError, MemoryError):  # only said when cheap: this one was not
+            _free_device_memory(device)
     return check
 
 
@@ -498,6 +517,8 @@ def _expected(session: Session, shape: ShapeSpec, seed: int) -> _Expected:
     except Exception as exc:
         raise Fail(Status.sandbox_error, _harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
     truth, truth_error = None, ""
+    if policy.name == "kernelbench" and (shape.check_bytes() or 0) > OTHER_VERDICT_MAX_CHECK_BYTES:
+        return _Expected(reference, inputs, outputs, seconds, None, "", mode_matters)  # the other verdict: not cheap
     try:
         with torch.no_grad():
             reference64 = copy.deepcopy(reference).double()
@@ -581,8 +602,10 @@ def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> Benchma
         except (Fail, RunnerFailed) as exc:
             failure = _as_failure(exc, "in a timed forward")
             entry = ShapeBenchmark(shape=shape.name, status=failure.status, message=failure.message)
-        except Exception as exc:
-            entry = ShapeBenchmark(shape=shape.name, status=Status.runtime_error, message=_error_text(exc))
+        except Exception as exc:  # raised in the judge's own process (the candidate runs in the runner's)
+            _free_device_memory(session.device)
+            message = _harness_failure(f"the judge failed timing shape {shape.name}", exc)
+            entry = ShapeBenchmark(shape=shape.name, status=Status.sandbox_error, message=message)
         result.shapes.append(entry)
         report(result)
         if entry.status != Status.passed:
