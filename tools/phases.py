@@ -72,6 +72,10 @@ FIRST_CALL_DEADLINE_S = 25.0  # a candidate's first forward may JIT-compile (Tri
 CALL_DEADLINE_MIN_S = 10.0
 CALL_DEADLINE_FACTOR = 100.0  # a call may take this many times the reference's time before it counts as hung
 CALIBRATION_CALLS = 12
+LARGE_CHECK_BYTES = 4 << 30
+"""a check of a shape this large starts with the allocator's cache emptied: on the H200 a 6.4 GB KernelBench input
+ran out of memory with 96 GiB cached in blocks the next copies could not reuse (CUDA's growable segments, which
+would reuse them, cannot be shared with the runner: their IPC needs pidfd_getfd, which the sandbox refuses)"""
 OTHER_VERDICT_MAX_CHECK_BYTES = 8 << 30
 """under the kernelbench policy, the float64 truth (for the strict policy's verdict beside it) is computed only for
 shapes whose check holds at most this much: KernelBench's level 1 inputs reach 8 GiB, their truth twice that"""
@@ -272,6 +276,8 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
         for seed in [secrets.randbelow(2**31) for _ in range(trials)]:
             result.message = f"checking shape {shape.name}, seed {seed}"
             report(result)  # should the judge die in this check, the caller can name the shape
+            if (shape.check_bytes() or 0) > LARGE_CHECK_BYTES:
+                _free_device_memory(session.device)  # the last check's copies, cached in blocks of other sizes
             try:
                 with _step(result, "checks"):
                     check = _check_one(session, shape, seed, result)
