@@ -83,9 +83,11 @@ LOAD_IDLE_LIMIT_S = 25.0  # building and importing may take minutes, but not thi
 # How much shorter than the judge's envelope (less its calibrated overhead) a runner's reported median may be
 # before the timing is `suspicious`. Honest kernels on the H200 left -0.11 to 0.30 ms a call unaccounted for (the
 # judge's GPU work between the candidate's calls, which the calibration on the reference sees only in part), so
-# the GPU margin is coarse: it catches lies of more than 0.6 ms or 5% a call, not subtler ones.
+# the GPU margin is coarse: it catches lies of more than 0.6 ms or 5% a call, not subtler ones. On the 2-core CPU
+# host the fixed cost itself (mostly the copy of the output into the judge's slot) was calibrated at 1.0 to 3.8 ms
+# in runs of the same honest 13-24 ms kernel, leaving -0.7 to 1.9 ms unaccounted (up to 14%): the CPU margin is 25%.
 ENVELOPE_MARGIN_MS = {"cuda": 0.6, "cpu": 0.25}
-ENVELOPE_MARGIN_REL = {"cuda": 0.05, "cpu": 0.10}
+ENVELOPE_MARGIN_REL = {"cuda": 0.05, "cpu": 0.25}
 
 
 class Fail(Exception):
