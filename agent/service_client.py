@@ -66,10 +66,13 @@ class ServiceClient:
         retries: int = 4,
         poll_s: float = 0.5,
         request_timeout_s: float = 60.0,
+        transport: httpx.AsyncBaseTransport | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=request_timeout_s)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=request_timeout_s, transport=transport
+        )
         self.retry_policy = RetryPolicy(retries=retries, base_delay_s=0.5, max_backoff_s=8.0)
         self.poll_s = poll_s
 
@@ -195,18 +198,26 @@ class ServiceClient:
         """Queue the tool's job (wait=false), follow its event stream until it ends, and return the finished job.
 
         Where the stream cannot be followed (a proxy that buffers it, a dropped connection), the job is polled."""
-        job = await self._call(
+        job = await self.queue(tool, request)
+        if isinstance(job, ServiceFailure):
+            return job
+        if job.status not in TERMINAL_JOB_STATUSES:
+            await self._follow_events(job.id, on_event, timeout_s)
+        return await self._poll(job, timeout_s)
+
+    async def queue(self, tool: ToolName, request: SubmissionRequest) -> JobPublic | ServiceFailure:
+        """Queue the tool's job and answer at once (wait=false): the job as queued."""
+        return await self._call(
             "POST",
             TOOLS[tool].endpoint,
             JobPublic,
             json=request.model_dump(mode="json", exclude_none=True),
             params={"wait": "false"},
         )
-        if isinstance(job, ServiceFailure):
-            return job
-        if job.status not in TERMINAL_JOB_STATUSES:
-            await self._follow_events(job.id, on_event, timeout_s)
-        return await self._poll(job, timeout_s)
+
+    async def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any | ServiceFailure:
+        """Any GET of the API, its answer as plain JSON (for clients that pass it on, such as the MCP tools)."""
+        return await self._call("GET", path, Any, params=params)
 
     async def _follow_events(self, job_id: int, on_event: EventWatcher | None, timeout_s: float) -> None:
         """Read GET /v1/jobs/{id}/events until `finished` or `failed`; any trouble just ends the following."""

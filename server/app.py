@@ -16,6 +16,7 @@ from kernelloop.server import docs_page, errors, openapi
 from kernelloop.server.devices import gpu_lane_ids
 from kernelloop.server.executor import Executor, LocalExecutor
 from kernelloop.server.limits import BodySizeLimit, LoopbackOnly
+from kernelloop.server.mcp_mount import mount_mcp
 from kernelloop.server.routes import history, jobs, meta, problems, suites, tools
 from kernelloop.server.service import Service
 from kernelloop.server.settings import ServiceSettings
@@ -63,7 +64,8 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
             log.warning("sandbox isolation is %r, as KERNELLOOP_ISOLATION asks: %s", isolation, UNSAFE)
         service.start()
         try:
-            yield
+            async with mcp.session_manager.run():
+                yield
         finally:
             service.stop()
             engine.dispose()
@@ -82,6 +84,7 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
     openapi.install(app, service.problem_names)
     for router in (tools.router, jobs.router, problems.router, suites.router, history.router, meta.router):
         app.include_router(router)
+    mcp = mount_mcp(app, settings.api_token)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(LoopbackOnly, enabled=settings.api_token is None)
     return app

@@ -1,6 +1,6 @@
 """`kernelloop`: the command line, one module per command group.
 
-`tools` (compile, test, bench, demo), `serve`, `history`, `agent` and `suite`. This package sits above every
+`tools` (compile, test, bench, demo), `serve`, `history`, `agent`, `suite` and `mcp`. This package sits above every
 other one and imports them plainly; nothing below imports it.
 """
 
@@ -10,10 +10,10 @@ import argparse
 import os
 import sys
 
-from kernelloop.cli import agent, history, serve, suite, tools
+from kernelloop.cli import agent, history, mcp_stdio, serve, suite, tools
 from kernelloop.tools.sandbox import SandboxUnavailable
 
-COMMAND_GROUPS = (tools, serve, history, agent, suite)
+COMMAND_GROUPS = (tools, serve, history, agent, suite, mcp_stdio)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,46 @@
+"""`kernelloop mcp`: the MCP tools over stdio, for a coding agent that starts its tools as processes.
+
+Without --server the service runs embedded (SQLite in the data folder), as for `kernelloop agent run`; stdout
+carries the protocol and nothing else, so notes go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import AsyncIterator
+from contextlib import ExitStack, asynccontextmanager
+from pathlib import Path
+
+import anyio
+
+from kernelloop.agent.embedded import EmbeddedServiceError, serve_unless_given
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.settings import AgentSettings
+from kernelloop.server.mcp_tools import build_mcp_server
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = AgentSettings(data_dir=Path(args.data_dir)) if args.data_dir else AgentSettings()
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    with ExitStack() as stack:
+        try:
+            url, _ = serve_unless_given(args.server or settings.server_url, settings.data_dir, stack)
+        except EmbeddedServiceError as exc:
+            print(f"kernelloop mcp: {exc}", file=sys.stderr)
+            return 2
+
+        @asynccontextmanager
+        async def connect() -> AsyncIterator[ServiceClient]:
+            async with ServiceClient(url, token=token) as client:
+                yield client
+
+        anyio.run(build_mcp_server(connect).run_stdio_async)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("mcp", help="serve the tools over MCP on stdio (for coding agents)", description=__doc__)
+    p.add_argument("--server", help="URL of a running kernelloop service (default: start one embedded)")
+    p.add_argument("--data-dir", help="data folder of the embedded service (default .kernelloop)")
+    p.set_defaults(handler=_run)

@@ -1,0 +1,103 @@
+"""The tools over the Model Context Protocol, driven by the official SDK's client: over stdio (`kernelloop mcp`
+against a running service) and over streamable HTTP (mounted on the service at /mcp, behind its token).
+
+Runs after test_server_api.py, on the same data folder: the CPU example is in the build cache by then."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from conftest import CPU_EXAMPLE, PROBLEM, SUBMISSIONS, line_of
+from mcp.client import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from server_fixtures import TOKEN, ServiceProcess
+
+TOOLS = {"compile_kernel", "run_tests", "benchmark", "evaluate", "list_problems", "get_problem", "get_attempt"}
+QUICK = {"seeds": 1, "time_budget_s": 0.2, "min_samples": 3, "max_samples": 20}
+
+
+@pytest.fixture(scope="module")
+def service():
+    svc = ServiceProcess("mcp").start()
+    yield svc
+    svc.stop()
+
+
+def _stdio(service: ServiceProcess) -> Client:
+    env = {**os.environ, "KERNELLOOP_API_TOKEN": TOKEN}
+    command = StdioServerParameters(
+        command=sys.executable, args=["-m", "kernelloop", "mcp", "--server", service.url], env=env
+    )
+    return Client(command)
+
+
+def _http(service: ServiceProcess, token: str = TOKEN) -> Client:
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=300)
+    return Client(streamable_http_client(f"{service.url}/mcp", http_client=http))
+
+
+def test_over_stdio_a_failing_compile_points_at_the_submitted_line(service: ServiceProcess) -> None:
+    code = (SUBMISSIONS / "cpp_compile_error.py").read_text()
+
+    async def main():
+        async with _stdio(service) as client:
+            tools = {tool.name for tool in (await client.list_tools()).tools}
+            result = await client.call_tool("compile_kernel", {"problem": PROBLEM, "code": code, "backend": "cpu"})
+            return tools, result
+
+    tools, result = anyio.run(main)
+    assert TOOLS <= tools, tools
+    line = line_of(code, "DELIBERATE-ERROR")
+    job = result.structured_content
+    assert job["outcome"] == "compile_error", job
+    (compiled,) = job["results"]
+    assert compiled["diagnostics"][0]["line"] == line
+    text = result.content[0].text
+    assert "compile_error" in text and f"line {line}" in text and "undeclared_factor" in text, text
+    attempt = httpx.get(
+        f"{service.url}/v1/attempts/{job['attempt_id']}", headers={"Authorization": f"Bearer {TOKEN}"}
+    ).json()
+    assert attempt["proposer"].startswith("mcp:") and attempt["status"] == "compile_error", attempt
+
+
+def test_over_http_the_cpu_example_evaluates_and_its_attempt_reads_back_as_a_resource(service: ServiceProcess) -> None:
+    async def main():
+        async with _http(service) as client:
+            tools = {tool.name for tool in (await client.list_tools()).tools}
+            result = await client.call_tool(
+                "evaluate", {"problem": PROBLEM, "code": CPU_EXAMPLE, "backend": "cpu", "options": QUICK}
+            )
+            job = result.structured_content
+            resource = await client.read_resource(f"kernelloop://attempts/{job['attempt_id']}")
+            problems = await client.call_tool("list_problems", {})
+            return tools, result, resource, problems
+
+    tools, result, resource, problems = anyio.run(main)
+    assert TOOLS <= tools
+    job = result.structured_content
+    assert job["outcome"] == "passed" and [r["kind"] for r in job["results"]] == ["compile", "test", "benchmark"], job
+    text = result.content[0].text
+    assert "speedup" in text.lower() and "passed" in text, text
+    attempt = json.loads(resource.contents[0].text)
+    assert attempt["id"] == job["attempt_id"] and attempt["status"] == "passed"
+    assert {e["kind"] for e in attempt["evaluations"]} == {"compile", "test", "benchmark"}
+    assert PROBLEM in {p["name"] for p in problems.structured_content["items"]}
+
+
+def test_the_http_endpoint_refuses_a_client_without_the_token(service: ServiceProcess) -> None:
+    answer = httpx.post(f"{service.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert answer.status_code == 401 and answer.json()["field"] == "header.Authorization", answer.text
+
+    async def main():
+        async with _http(service, token="wrong") as client:
+            await client.list_tools()
+
+    with pytest.raises(Exception):  # noqa: B017 - the SDK raises its own transport error for the 401
+        anyio.run(main)
