@@ -34,14 +34,12 @@ def submit_suite(service: Service, body: SuiteCreate, client: str) -> SuitePubli
         )
         session.commit()
         suite_id = row_id(suite)
-    # each submission writes in its own transaction: the entries are written after, not alongside
-    entries = [
-        suites.entry(suite_id, problem_id, e.level, e.solution, _submit(service, suite_id, e, backend, options, client))
-        for e, problem_id in zip(body.entries, problem_ids)
-    ]
+    for e, problem_id in zip(body.entries, problem_ids):
+        submitted = _submit(service, suite_id, e, backend, options, client)  # commits its own transaction first
+        with Session(service.engine) as session:
+            session.add(suites.entry(suite_id, problem_id, e.level, e.solution, submitted))
+            session.commit()
     with Session(service.engine) as session:
-        session.add_all(entries)
-        session.commit()
         row = session.get(Suite, suite_id)
         assert row is not None
         return suites.suite_public(session, row)

@@ -78,7 +78,8 @@ def suite_public(session: Session, suite: Suite) -> SuitePublic:
         name=suite.name,
         backend=suite.backend,
         policy=suite.policy,
-        status="finished" if all(e.status != "pending" for e in entries) else "running",
+        # no entries yet: the service is still submitting them
+        status="finished" if entries and all(e.status != "pending" for e in entries) else "running",
         created_at=suite.created_at,
         levels=metrics,
         entries=entries,
