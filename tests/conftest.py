@@ -15,6 +15,8 @@ Tests that run the `kernelloop` command to completion do it through `run_kernell
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import shutil
 import subprocess
@@ -204,6 +206,15 @@ def run_kernelloop(
     )
 
 
+@functools.cache
+def shared_build_cache() -> Path:
+    """One build cache for the session's own builds and the services the tests start (test_server_*.py, after
+    test_build_cache.py has built the CPU example into it): a kernel built once is not built again by each."""
+    path = _session_root() / "build-cache"
+    atexit.register(shutil.rmtree, path.parent, True)
+    return path
+
+
 def _session_root() -> Path:
     """Outside /tmp where possible: a sandbox may give the worker its own /tmp."""
     for parent in ("/var/tmp", None):
@@ -230,7 +241,9 @@ def workspace(session_root: Path) -> Workspace:
     """A fresh data dir for the session: the build cache starts empty."""
     # the candidates built on the test helpers (C++, and CUDA on a GPU) import them from these folders: shown read-only
     shown = [session_root / "helper", session_root / "gpu-kernels"]
-    settings = SandboxSettings(data_dir=session_root / "data", sandbox_read_only_paths=shown)
+    settings = SandboxSettings(
+        data_dir=session_root / "data", sandbox_read_only_paths=shown, build_cache_dir=shared_build_cache()
+    )
     return Workspace(root=session_root, settings=settings)
 
 

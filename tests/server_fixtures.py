@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import CPU_EXAMPLE, KERNELLOOP_COMMAND, QUIET_SERVICE_ENV, REPO
+from conftest import CPU_EXAMPLE, KERNELLOOP_COMMAND, QUIET_SERVICE_ENV, REPO, shared_build_cache
 
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemSpec, load_problem
@@ -129,6 +129,7 @@ class ServiceProcess:
             KERNELLOOP_DATA_DIR=str(self.data_dir),
             KERNELLOOP_PROBLEMS_DIR=str(self.problems_dir),
             KERNELLOOP_CPU_WORKERS=str(cpu_workers),
+            KERNELLOOP_BUILD_CACHE_DIR=str(shared_build_cache()),
             KERNELLOOP_RATE_LIMIT_PER_MINUTE=str(rate_limit),
             **QUIET_SERVICE_ENV,
             PYTHONUNBUFFERED="1",
