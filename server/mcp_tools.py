@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -39,7 +40,12 @@ INSTRUCTIONS = (
 
 def build_mcp_server(connect: ClientFactory) -> MCPServer:
     """The MCP server; `connect()` opens a ServiceClient on the service the tools call."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     server = MCPServer(name="kernelloop", instructions=INSTRUCTIONS)
+    # the SDK's constructor configures the root logger (a rich handler at INFO): the process's logging is not its
+    # to set, and with it every httpx request of `kernelloop agent run` was logged to the terminal
+    root.handlers[:], root.level = handlers, level
 
     async def run_tool(
         tool: ToolName,

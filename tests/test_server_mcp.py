@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import anyio
@@ -102,3 +103,17 @@ def test_the_http_endpoint_refuses_a_client_without_the_token(service: ServicePr
 
     with pytest.raises(Exception):  # noqa: B017 - the SDK raises its own transport error for the 401
         anyio.run(main)
+
+
+def test_building_the_mcp_server_leaves_the_process_logging_alone() -> None:
+    # in a fresh interpreter: under pytest the root logger has handlers already, and the SDK configures it only
+    # when it has none (as in `kernelloop agent run`, which then logged every HTTP request)
+    probe = (
+        "import logging\n"
+        "from kernelloop.server.mcp_tools import build_mcp_server\n"
+        "build_mcp_server(None)\n"
+        "root = logging.getLogger()\n"
+        "print(len(root.handlers), logging.getLevelName(root.level))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["0", "WARNING"], (out.stdout, out.stderr[-2000:])
