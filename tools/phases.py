@@ -86,7 +86,9 @@ LOAD_IDLE_LIMIT_S = 25.0  # building and importing may take minutes, but not thi
 # the GPU margin is coarse: it catches lies of more than 0.6 ms or 5% a call, not subtler ones. On the 2-core CPU
 # host the fixed cost itself (mostly the copy of the output into the judge's slot) was calibrated at 1.0 to 3.8 ms
 # in runs of the same honest 13-24 ms kernel, leaving -0.7 to 1.9 ms unaccounted (up to 14%): the CPU margin is 25%.
-ENVELOPE_MARGIN_MS = {"cuda": 0.6, "cpu": 0.25}
+# A short honest call there (an argmax of 0.49 ms) once left 0.28 ms unaccounted, the scheduler's noise on two
+# shared cores: the CPU floor is 1 ms.
+ENVELOPE_MARGIN_MS = {"cuda": 0.6, "cpu": 1.0}
 ENVELOPE_MARGIN_REL = {"cuda": 0.05, "cpu": 0.25}
 
 
