@@ -20,6 +20,7 @@ from kernelloop.server.mcp_mount import mount_mcp
 from kernelloop.server.routes import history, jobs, meta, problems, suites, tools
 from kernelloop.server.service import Service
 from kernelloop.server.settings import ServiceSettings
+from kernelloop.server.web import pages
 from kernelloop.storage.database import open_database, sqlite_path
 from kernelloop.tools.sandbox import UNSAFE, SandboxUnavailable, available_isolation
 
@@ -81,6 +82,7 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
     app.state.service = service
     errors.install(app)
     docs_page.install(app)
+    pages.install(app)
     openapi.install(app, service.problem_names)
     for router in (tools.router, jobs.router, problems.router, suites.router, history.router, meta.router):
         app.include_router(router)

@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
-from kernelloop.tools import api, header_cache
+from kernelloop.tools import api, header_cache, object_cache
 from kernelloop.tools.api import Progress
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import Phase
@@ -76,6 +76,7 @@ class LocalExecutor:
         self.pool = WorkerPool(settings.prestart_workers if roomy else 0)
         if roomy:
             header_cache.build_in_background(settings)
+            object_cache.start(settings)
 
     def lanes(self) -> list[Lane]:
         return list(self._lanes)

@@ -384,6 +384,23 @@ def evaluation_public(evaluation: Evaluation, spec: ProblemSpec) -> EvaluationPu
     )
 
 
+def latest_benchmarks(session: Session, attempt_ids: Sequence[int]) -> dict[int, BenchmarkResult]:
+    """Each attempt's most recent passed benchmark, per shape timings and all (a plot of a run's steps)."""
+    rows = session.exec(
+        select(Evaluation.attempt_id, Evaluation.result)
+        .where(
+            col(Evaluation.attempt_id).in_(attempt_ids), Evaluation.kind == "benchmark", Evaluation.status == "passed"
+        )
+        .order_by(col(Evaluation.id))
+    ).all()
+    latest: dict[int, BenchmarkResult] = {}
+    for attempt_id, data in rows:
+        result = parse_result(data)
+        if isinstance(result, BenchmarkResult):
+            latest[attempt_id] = result
+    return latest
+
+
 def attempt_code(session: Session, attempt_id: int) -> str | None:
     attempt = session.get(Attempt, attempt_id)
     if attempt is None:

@@ -397,6 +397,16 @@ def list_jobs(
     return list(jobs), total
 
 
+def open_jobs_of_run(session: Session, run_id: int) -> list[Job]:
+    """The run's queued and running jobs, oldest first: what a page following the run shows as under way."""
+    query = (
+        select(Job)
+        .join(Attempt, col(Attempt.id) == col(Job.attempt_id))
+        .where(Attempt.run_id == run_id, col(Job.status).in_([JobStatus.queued.value, JobStatus.running.value]))
+    )
+    return list(session.exec(query.order_by(col(Job.id))).all())
+
+
 def running_jobs_by_lane(session: Session) -> dict[str, int]:
     running = session.exec(select(Job).where(Job.status == JobStatus.running.value)).all()
     return {job.lane: row_id(job) for job in running if job.lane}

@@ -11,17 +11,12 @@ Everything a session writes lives in one folder outside /tmp (the sandbox may gi
 empty and the sandbox's hiding of the data dir is exercised on a real path.
 
 Tests that run the `kernelloop` command to completion do it through `run_kernelloop`.
-
-`make test` runs the tests in two pytest-xdist workers (a file's tests stay on one worker). What every worker can
-reuse, the helper extension and the build cache, lives in one folder the controller makes for the run. Tests
-marked `serial` (their verdicts rest on a clock or a deadline: a benchmark's envelope, a hang's deadline, a round
-trip's time) run alone: while one runs, the other worker waits between its tests.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import atexit
+import functools
 import os
 import shutil
 import subprocess
@@ -211,49 +206,13 @@ def run_kernelloop(
     )
 
 
-SHARED_ROOT_ENV = "KERNELLOOP_TEST_SHARED_ROOT"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """The run's shared folder, made by the controller (or the only process) before any worker starts."""
-    if SHARED_ROOT_ENV not in os.environ:
-        os.environ[SHARED_ROOT_ENV] = str(_session_root())
-        config.stash[_OWNS_SHARED_ROOT] = True
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if config.stash.get(_OWNS_SHARED_ROOT, False):
-        shutil.rmtree(os.environ.pop(SHARED_ROOT_ENV), ignore_errors=True)
-
-
-_OWNS_SHARED_ROOT = pytest.StashKey[bool]()
-
-
-def shared_root() -> Path:
-    return Path(os.environ[SHARED_ROOT_ENV])
-
-
+@functools.cache
 def shared_build_cache() -> Path:
-    """One build cache for the run's own builds and the services the tests start (test_server_*.py, after
+    """One build cache for the session's own builds and the services the tests start (test_server_*.py, after
     test_build_cache.py has built the CPU example into it): a kernel built once is not built again by each."""
-    return shared_root() / "build-cache"
-
-
-@pytest.fixture(autouse=True)
-def _serial_tests_run_alone(request: pytest.FixtureRequest):
-    """A reader-writer lock between the workers, with a turnstile so a waiting serial test is not starved."""
-    serial = request.node.get_closest_marker("serial") is not None
-    with open(shared_root() / "turnstile.lock", "a") as turnstile, open(shared_root() / "tests.lock", "a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        if not serial:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            with contextlib.suppress(OSError):
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
+    path = _session_root() / "build-cache"
+    atexit.register(shutil.rmtree, path.parent, True)
+    return path
 
 
 def _session_root() -> Path:
@@ -281,7 +240,7 @@ class Workspace:
 def workspace(session_root: Path) -> Workspace:
     """A fresh data dir for the session: the build cache starts empty."""
     # the candidates built on the test helpers (C++, and CUDA on a GPU) import them from these folders: shown read-only
-    shown = [shared_root() / "helper", session_root / "gpu-kernels"]
+    shown = [session_root / "helper", session_root / "gpu-kernels"]
     settings = SandboxSettings(
         data_dir=session_root / "data", sandbox_read_only_paths=shown, build_cache_dir=shared_build_cache()
     )
@@ -293,8 +252,8 @@ def kl(workspace: Workspace) -> Session:
     """The session's data dir and the built C++ helper extension."""
     from torch.utils.cpp_extension import load_inline
 
-    helper_dir = shared_root() / "helper"  # torch's build lock lets each worker build it, the first for real
-    helper_dir.mkdir(exist_ok=True)
+    helper_dir = workspace.root / "helper"
+    helper_dir.mkdir()
     load_inline(
         name=HELPER_NAME,
         cpp_sources=HELPER_SOURCE,
@@ -305,3 +264,27 @@ def kl(workspace: Workspace) -> Session:
     )
     assert (helper_dir / f"{HELPER_NAME}.so").is_file()
     return Session(root=workspace.root, settings=workspace.settings, helper_dir=helper_dir)
+
+
+def _busy_seconds() -> float:
+    """CPU seconds every core of this machine has spent busy since boot (/proc/stat), for the CPU report."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """KERNELLOOP_TEST_CPU_LOG=FILE: each test's wall time and the machine's busy CPU seconds during it (set-up
+    and tear-down included), so that the suite's cost on a small CI runner can be cut where it is spent."""
+    target = os.environ.get("KERNELLOOP_TEST_CPU_LOG")
+    if not target:
+        yield
+        return
+    import time
+
+    started, busy = time.monotonic(), _busy_seconds()
+    yield
+    with open(target, "a") as log:
+        log.write(f"{item.nodeid}\t{time.monotonic() - started:.1f}\t{_busy_seconds() - busy:.1f}\n")

@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import time
 
-import pytest
-
 from kernelloop.cli.live_line import LiveLine
 from kernelloop.tools.results import Status, TestResult
 
@@ -17,7 +15,6 @@ class Terminal(io.StringIO):
         return True
 
 
-@pytest.mark.serial  # the seconds it shows
 def test_the_live_line_shows_the_phase_its_seconds_and_the_last_report() -> None:
     terminal = Terminal()
     with LiveLine("test", terminal) as live:

@@ -15,7 +15,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
 from conftest import ONE_CHECK, PROBLEM
 
 from kernelloop.tools import api
@@ -50,7 +49,6 @@ def _processes_with(token: str) -> list[int]:
     return found
 
 
-@pytest.mark.serial  # ends by a deadline
 def test_hang_is_timeout_and_kills_the_process_group(kl):
     token = f"kernelloop-hang-child-{os.getpid()}-{time.monotonic_ns()}"
     code = kl.helper_candidate(
@@ -97,7 +95,6 @@ HANGS_AT_LOAD = {
 }
 
 
-@pytest.mark.serial  # ends by deadlines
 def test_hangs_end_by_their_deadlines_not_the_phase_limit_and_none_holds_up_another(kl):
     """The default phase limit is 900 s. A first call has 25 s; loading has no fixed deadline (a build may take
     minutes), but Python code that runs 25 s with no build process under it has hung. The three hangs run at

@@ -232,7 +232,6 @@ def test_problem_name_and_size_limits(api: httpx.Client) -> None:
 # ---------------------------------------------------------------------------------------- tools
 
 
-@pytest.mark.serial  # a round trip's time
 def test_compile_waits_for_the_verdict(api: httpx.Client, evaluated: dict) -> None:
     started = time.perf_counter()
     response = api.post("/v1/compile", json=submission())
@@ -498,7 +497,6 @@ def test_leaderboards(api: httpx.Client, evaluated: dict) -> None:
     assert [e["rank"] for e in board] == list(range(1, len(board) + 1))
 
 
-@pytest.mark.serial  # a query's time
 def test_a_thousand_attempts_page_in_under_100_ms(api: httpx.Client, service: ServiceProcess) -> None:
     """1,000 attempts written into the service's own database, queried over HTTP."""
     engine = open_database(database_url(str(service.db)), create=False)

@@ -337,7 +337,6 @@ def test_diff_and_leaderboard(engine) -> None:
     assert [(e.problem, e.attempt_id) for e in best] == [("causal_conv1d", b.id)]
 
 
-@pytest.mark.serial  # a query's time
 def test_a_thousand_attempts_answer_a_filtered_sorted_page_fast(engine) -> None:
     with Session(engine) as session:
         problem = _problem(session)

@@ -60,7 +60,6 @@ def _sandbox_processes(jobs_dir: Path) -> list[str]:
     return found
 
 
-@pytest.mark.serial  # start-up times compared
 def test_a_job_takes_the_worker_started_ahead_and_the_pool_ends_its_spares(workspace, relu_problem) -> None:
     pool = WorkerPool(max_spares=2)
     options = EvalOptions(seeds=1)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
-from kernelloop.tools import build_cache, toolchain, verdict_cache
+from kernelloop.tools import build_cache, object_cache, toolchain, verdict_cache
 from kernelloop.tools.jobs import EvalOptions, WorkerJob, WorkerReply
 from kernelloop.tools.phase_registry import PHASES, Phase
 from kernelloop.tools.problems import ProblemSpec, load_problem, memory_problem
@@ -126,6 +126,7 @@ def run_phase(
             on_progress(reply.result)
 
     def on_finish(folder: JobFolder, disk_bytes: int) -> None:
+        object_cache.collect(folder.build)  # its misses, left by the compiler wrapper: never published
         if not restored[0] and disk_bytes <= settings.max_job_disk_bytes:
             build_cache.publish(settings.cache_dir, key, folder.build)
 

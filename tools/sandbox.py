@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kernelloop.tools import header_cache, sandbox_view, seccomp, toolchain
+from kernelloop.tools import header_cache, object_cache, sandbox_view, seccomp, toolchain
 from kernelloop.tools.cgroups import JobCgroup
 from kernelloop.tools.process_watch import ProcessWatch
 from kernelloop.tools.results import Isolation, SandboxReport
@@ -143,6 +143,7 @@ def worker_argv(
     gpu: bool,
     seccomp_fd: int | None,
     headers: Path | None = None,
+    objects: Path | None = None,
 ) -> list[str]:
     """The bubblewrap prefix for one job (see kernelloop.tools.sandbox_view)."""
     hidden = [settings.data_dir.resolve(), Path(".env").resolve(), *settings.sandbox_hidden_paths]
@@ -155,6 +156,7 @@ def worker_argv(
         gpu=gpu,
         seccomp_fd=seccomp_fd,
         headers=headers,
+        objects=objects,
     )
 
 
@@ -249,8 +251,11 @@ class StartedWorker:
         read_only: list[Path],
         cpu_limit_s: float,
         headers: Path | None = None,
+        objects: Path | None = None,
     ):
-        """`headers`: a folder of precompiled headers to show read-only (kernelloop.tools.header_cache)."""
+        """`headers`: a folder of precompiled headers to show read-only (kernelloop.tools.header_cache);
+        `objects`: the objects of unchanged sources, read-only, for builds that use those headers
+        (kernelloop.tools.object_cache; under bubblewrap only)."""
         self.job_dir, self.settings = job_dir, settings
         self.isolation = available_isolation(settings)
         (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -264,9 +269,19 @@ class StartedWorker:
             os.write(seccomp_write, seccomp.filter_program())  # a few hundred bytes: fits the pipe's buffer
             os.close(seccomp_write)
             keep.append(seccomp_read)
+            objects = objects if headers is not None and build_dir is not None else None
             prefix = worker_argv(
-                settings, job_dir, build_dir, read_only, gpu=gpu, seccomp_fd=seccomp_read, headers=headers
+                settings,
+                job_dir,
+                build_dir,
+                read_only,
+                gpu=gpu,
+                seccomp_fd=seccomp_read,
+                headers=headers,
+                objects=objects,
             )
+            if objects is not None:
+                env = {**env, **object_cache.build_environment(sandbox_view.OBJECTS_MOUNT, sandbox_view.BUILD_MOUNT)}
         elif self.isolation == "unshare":
             prefix = ["unshare", "-n", "--"]
         if headers is not None:
@@ -370,6 +385,35 @@ def _feed(proc: subprocess.Popen[bytes], job_json: bytes) -> None:
         proc.stdin.close()
     except (BrokenPipeError, ValueError):
         pass
+
+
+def run_command(
+    settings: SandboxSettings, work_dir: Path, argv: list[str], timeout_s: float
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a program (a compiler, for the object cache) in a worker's world under bubblewrap, `work_dir` its
+    one writable folder and nothing else of the host's state in view. Only with bubblewrap: the host trusts
+    what comes out, so there is no weaker fallback (SandboxUnavailable)."""
+    if available_isolation(settings) != "bubblewrap":
+        raise SandboxUnavailable("a trusted compile needs bubblewrap")
+    seccomp_read, seccomp_write = os.pipe()
+    os.write(seccomp_write, seccomp.filter_program())
+    os.close(seccomp_write)
+    try:
+        prefix = worker_argv(settings, work_dir, None, [], gpu=False, seccomp_fd=seccomp_read)
+        env = worker_environment({}, work_dir)
+        (work_dir / "tmp").mkdir(exist_ok=True)
+        return subprocess.run(
+            prefix + argv,
+            cwd=work_dir,
+            env=env,
+            capture_output=True,
+            timeout=timeout_s,
+            pass_fds=(seccomp_read,),
+            start_new_session=True,
+            preexec_fn=lambda: _limit_resources(int(cpu_limit(timeout_s)), settings.max_memory_bytes, settings),
+        )
+    finally:
+        os.close(seccomp_read)
 
 
 def cpu_limit(timeout_s: float) -> float:

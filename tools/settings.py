@@ -75,6 +75,11 @@ class SandboxSettings(BaseSettings):
         description="the service precompiles torch/extension.h once per toolchain and C++ builds use it "
         "(a binding compiles in seconds instead of 10-20 s); built on a host with a GPU or 8 cores or more",
     )
+    object_cache: bool = Field(
+        True,
+        description="with precompiled headers: a C++ source whose preprocessed text and options were built before "
+        "is not compiled again (the host compiles each new one once, in a sandbox of its own)",
+    )
     worker_gpus: str | None = Field(
         None, description="CUDA_VISIBLE_DEVICES for sandboxed workers ('' hides every GPU); None: inherit"
     )

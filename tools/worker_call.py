@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
-from kernelloop.tools import header_cache, sandbox, toolchain
+from kernelloop.tools import header_cache, object_cache, sandbox, toolchain
 from kernelloop.tools.results import SandboxReport
 from kernelloop.tools.settings import SandboxSettings
 from kernelloop.tools.worker_pool import Spare, SpareKind, WorkerPool
@@ -130,6 +130,7 @@ def _start(
         read_only=read_only,
         cpu_limit_s=cpu_limit_s,
         headers=header_cache.ready(settings),
+        objects=object_cache.ready(settings),
     )
 
 

@@ -15,7 +15,6 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from kernelloop.agent.embedded import EmbeddedServiceError, serve_unless_given
 from kernelloop.agent.llm.factory import configured_model, resolve_llm_config
 from kernelloop.agent.llm.types import LlmFailure
 from kernelloop.agent.models import AgentRunConfig, RunSummary
@@ -23,12 +22,9 @@ from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, resume_run, start_run
 from kernelloop.agent.service_client import ServiceClient
 from kernelloop.agent.settings import AgentSettings
+from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
 
 DEFAULT_ITERATIONS = 10
-
-
-def _settings(args: argparse.Namespace) -> AgentSettings:
-    return AgentSettings(data_dir=Path(args.data_dir)) if args.data_dir else AgentSettings()
 
 
 def _config(args: argparse.Namespace, settings: AgentSettings) -> AgentRunConfig | str:
@@ -72,15 +68,14 @@ def _with_service(args: argparse.Namespace, settings: AgentSettings, progress: P
 
 def _serve_and_work(args: argparse.Namespace, settings: AgentSettings, progress: Progress, work) -> int:
     with ExitStack() as stack:
-        try:
-            server, embedded = serve_unless_given(args.server or settings.server_url, settings.data_dir, stack)
-        except EmbeddedServiceError as exc:
-            print(f"kernelloop agent: {exc}", file=sys.stderr)
+        served = open_service("agent", args, settings, stack)
+        if served is None:
             return 2
+        server, embedded = served
         if embedded is not None and embedded.info is not None:
             progress.note(f"service embedded at {embedded.url} (database {embedded.info.database})")
         local = embedded is not None or _is_loopback(server)
-        token = settings.api_token.get_secret_value() if settings.api_token else None
+        token = bearer_token(settings)
 
         async def main() -> RunSummary | RunRefused:
             async with ServiceClient(server, token=token) as client:
@@ -112,7 +107,7 @@ def _is_loopback(url: str) -> bool:
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = client_settings(args)
     config = _config(args, settings)
     if isinstance(config, str):
         print(f"kernelloop agent: {config}", file=sys.stderr)
@@ -127,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = client_settings(args)
     progress = Progress(sys.stderr if args.json else None, quiet=args.quiet)
     return _with_service(
         args,

@@ -7,28 +7,24 @@ carries the protocol and nothing else, so notes go to stderr.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import AsyncIterator
 from contextlib import ExitStack, asynccontextmanager
-from pathlib import Path
 
 import anyio
 
-from kernelloop.agent.embedded import EmbeddedServiceError, serve_unless_given
 from kernelloop.agent.service_client import ServiceClient
-from kernelloop.agent.settings import AgentSettings
+from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
 from kernelloop.server.mcp_tools import build_mcp_server
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = AgentSettings(data_dir=Path(args.data_dir)) if args.data_dir else AgentSettings()
-    token = settings.api_token.get_secret_value() if settings.api_token else None
+    settings = client_settings(args)
+    token = bearer_token(settings)
     with ExitStack() as stack:
-        try:
-            url, _ = serve_unless_given(args.server or settings.server_url, settings.data_dir, stack)
-        except EmbeddedServiceError as exc:
-            print(f"kernelloop mcp: {exc}", file=sys.stderr)
+        served = open_service("mcp", args, settings, stack)
+        if served is None:
             return 2
+        url = served[0]
 
         @asynccontextmanager
         async def connect() -> AsyncIterator[ServiceClient]:

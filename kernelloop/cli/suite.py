@@ -17,10 +17,9 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from kernelloop.agent.embedded import EmbeddedServiceError, serve_unless_given
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
-from kernelloop.agent.settings import AgentSettings
 from kernelloop.agent.suite import SuiteOutcome, plan_suite, run_suite
+from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
 from kernelloop.contract import FAST_P_THRESHOLDS, SuitePublic
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import POLICY_CHOICES, PRECISIONS, ProblemError
@@ -87,15 +86,13 @@ def _run(args: argparse.Namespace) -> int:
     except ProblemError as exc:
         print(f"kernelloop suite: PROBLEMS_DIR: {exc}", file=sys.stderr)
         return 2
-    settings = AgentSettings(data_dir=Path(args.data_dir)) if args.data_dir else AgentSettings()
+    settings = client_settings(args)
     options = EvalOptions(policy=args.policy, precision=args.precision, time_budget_s=args.time_budget)
     with ExitStack() as stack:
-        try:
-            server, _ = serve_unless_given(args.server or settings.server_url, settings.data_dir, stack)
-        except EmbeddedServiceError as exc:
-            print(f"kernelloop suite: {exc}", file=sys.stderr)
+        served = open_service("suite", args, settings, stack)
+        if served is None:
             return 2
-        token = settings.api_token.get_secret_value() if settings.api_token else None
+        server, token = served[0], bearer_token(settings)
 
         async def main() -> SuiteOutcome | ServiceFailure:
             async with ServiceClient(server, token=token) as client:

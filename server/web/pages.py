@@ -1,0 +1,198 @@
+"""The web pages of the history, served by the service itself: problems with their leaderboards, runs, a run
+with its speedup over steps (live while it runs), and an attempt with its code, diagnostics, timings and diff.
+
+Server-rendered (Jinja2): every table reads without JavaScript. The one script is the run's plot (uPlot,
+vendored under static/uplot: 50 kB, no dependencies, made for many points of numeric series; Chart.js is
+four times the size for features these pages do not use). Pages send a Content-Security-Policy that allows
+scripts from this service only, and data reaches the plot as a JSON block, never as inline script.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Form, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from sqlmodel import Session
+
+from kernelloop.contract import RunPublic
+from kernelloop.server.routes.deps import MAX_ID, AttemptId, RunId, SessionDep
+from kernelloop.server.web import access, views
+from kernelloop.server.web.highlight import stylesheet
+from kernelloop.storage import history
+from kernelloop.storage.models import Run, utcnow
+
+HERE = Path(__file__).resolve().parent
+ASSETS = "/assets"
+RUNS_PER_PAGE = 50
+LIVE_POLL_S = 2.0
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+)
+
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+router = APIRouter(include_in_schema=False, dependencies=[Depends(access.require_reader)])
+login_router = APIRouter(include_in_schema=False)
+
+
+def _speedup(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}" if value < 1 else f"{value:.3f}"
+
+
+def _when(value: datetime | None) -> str:
+    return "–" if value is None else value.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+templates.env.filters.update(speedup=_speedup, ms=_ms, when=_when, duration=_duration)
+templates.env.globals.update(assets=ASSETS, live_poll_ms=int(LIVE_POLL_S * 1000))
+
+
+def _page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
+    response = templates.TemplateResponse(
+        request, name, {"token_required": access.token_of(request) is not None, **context}, status_code=status_code
+    )
+    response.headers["Content-Security-Policy"] = CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "same-origin"
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _not_found(request: Request, what: str) -> HTMLResponse:
+    return _page(request, "error.html", {"title": "Not found", "message": what}, status_code=404)
+
+
+@router.get("/", response_class=HTMLResponse)
+def problems_page(request: Request, session: SessionDep) -> HTMLResponse:
+    return _page(request, "problems.html", {"rows": views.problem_rows(session)})
+
+
+@router.get("/runs", response_class=HTMLResponse)
+def runs_page(
+    request: Request, session: SessionDep, offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0
+) -> HTMLResponse:
+    page = history.list_runs(session, limit=RUNS_PER_PAGE, offset=offset)
+    return _page(request, "runs.html", {"page": page, "now": utcnow()})
+
+
+def _run(session: Session, run_id: int) -> RunPublic | None:
+    run = session.get(Run, run_id)
+    return history.run_public(session, run) if run is not None else None
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: RunId, session: SessionDep) -> HTMLResponse:
+    run = _run(session, run_id)
+    if run is None:
+        return _not_found(request, f"There is no run {run_id}.")
+    view = views.run_view(session, run)
+    return _page(request, "run.html", {"view": view, "live": _live(view)})
+
+
+@router.get("/runs/{run_id}/live", response_model=views.RunLive)
+def run_live(run_id: RunId, session: SessionDep) -> Response:
+    """What the run page polls while the run is running (the cookie opens it, as it opens the page)."""
+    run = _run(session, run_id)
+    if run is None:
+        return Response(status_code=404)
+    body = _live(views.run_view(session, run)).model_dump_json()
+    return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
+
+
+def _live(view: views.RunView) -> views.RunLive:
+    rows = templates.env.get_template("_macros.html").module.attempt_rows(view.attempts)  # type: ignore[attr-defined]
+    return views.RunLive(
+        status=view.run.status.value,
+        attempts=view.run.attempts,
+        best_speedup=view.run.best_speedup,
+        chart=view.chart,
+        under_way=view.under_way,
+        rows_html=str(rows),
+    )
+
+
+@router.get("/attempts/{attempt_id}", response_class=HTMLResponse)
+def attempt_page(
+    request: Request,
+    attempt_id: AttemptId,
+    session: SessionDep,
+    against: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+) -> HTMLResponse:
+    detail = history.attempt_detail(session, attempt_id)
+    if detail is None:
+        return _not_found(request, f"There is no attempt {attempt_id}.")
+    return _page(request, "attempt.html", {"view": views.attempt_view(session, detail, against)})
+
+
+@login_router.get(f"{ASSETS}/code.css")
+def code_stylesheet() -> Response:
+    return Response(stylesheet(), media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+
+@login_router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, next: str = "/") -> HTMLResponse:  # noqa: A002 (the query's name)
+    return _page(request, "login.html", {"next": access.safe_next(next), "error": None})
+
+
+@login_router.post("/login", response_class=HTMLResponse, response_model=None)
+def log_in(
+    request: Request,
+    token: Annotated[str, Form(max_length=4096)],
+    next: Annotated[str, Form(max_length=2048)] = "/",  # noqa: A002 (the form field's name)
+) -> HTMLResponse | RedirectResponse:
+    expected = access.token_of(request)
+    client = request.client.host if request.client else "unknown"
+    retry_after = request.app.state.service.limiter.acquire(client)  # the API's rate limit: no guessing
+    if retry_after is not None:
+        error = f"Too many attempts from {client}: wait {retry_after} s."
+        return _page(request, "login.html", {"next": access.safe_next(next), "error": error}, status_code=429)
+    if expected is not None and not access.matches(expected, token):
+        error = "That is not this service's API token (KERNELLOOP_API_TOKEN)."
+        return _page(request, "login.html", {"next": access.safe_next(next), "error": error}, status_code=401)
+    response = RedirectResponse(access.safe_next(next), status_code=303)
+    if expected is not None:
+        response.set_cookie(
+            access.COOKIE,
+            token,
+            max_age=access.COOKIE_MAX_AGE_S,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+    return response
+
+
+@login_router.post("/logout")
+def log_out() -> RedirectResponse:
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(access.COOKIE)
+    return response
+
+
+def install(app: FastAPI) -> None:
+    """The pages, their assets, and the login form's detour for a page opened without the token."""
+
+    @app.exception_handler(access.LoginRequired)
+    async def _to_login(request: Request, exc: access.LoginRequired) -> RedirectResponse:
+        return RedirectResponse(access.login_url(exc.next_path), status_code=303)
+
+    app.include_router(login_router)
+    app.include_router(router)
+    app.mount(ASSETS, StaticFiles(directory=str(HERE / "static")), name="web-assets")

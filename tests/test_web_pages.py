@@ -1,0 +1,195 @@
+"""The web pages in a real browser: headless Chromium (the system's, driven by Playwright) against a service
+with a token, seeded with a real CPU run of the search and one attempt that does not compile.
+
+Each page is loaded as a person would reach it (the login form first), and checked for what they would see:
+the plot has one point per step, the tables their rows, the diagnostic sits under its line, no console error.
+The run page's screenshot lands in the test's folder, or in docs/ with KERNELLOOP_UPDATE_SCREENSHOTS=1 (the
+README shows it). Without Chromium the tests skip, unless KERNELLOOP_REQUIRE_BROWSER=1 (CI sets it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import CPU_EXAMPLE, PROBLEM, REPO, line_of, run_kernelloop
+from server_fixtures import TOKEN, ServiceProcess, submission
+
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
+SEARCH_STEPS = 2
+BROKEN = CPU_EXAMPLE.replace("def forward(self, x):", "def forward(self, x)  # DELIBERATE-ERROR")
+
+REQUIRED = os.environ.get("KERNELLOOP_REQUIRE_BROWSER") == "1"
+if CHROMIUM is None and not REQUIRED:
+    pytest.skip("no chromium here: the browser tests need it (apt-get install chromium)", allow_module_level=True)
+if REQUIRED:
+    from playwright import sync_api as playwright_api  # CI: a missing driver is a failure, not a skip
+else:
+    playwright_api = pytest.importorskip(
+        "playwright.sync_api", reason="the browser tests drive Chromium with Playwright"
+    )
+
+
+@pytest.fixture(scope="module")
+def seeded() -> Iterator[tuple[ServiceProcess, dict]]:
+    """A service whose history holds one search run on the CPU, and a compile error added to that run."""
+    service = ServiceProcess("web").start()
+    try:
+        env = {**os.environ, "KERNELLOOP_API_TOKEN": TOKEN}
+        done = run_kernelloop(
+            "agent", "run", "--problem", PROBLEM, "--backend", "cpu", "--proposer", "search",
+            "--iterations", str(SEARCH_STEPS), "--server", service.url, "--json",
+            env=env, cwd=REPO, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        with service.client() as api:
+            (run,) = api.get("/v1/runs").json()["items"]
+            job = api.post("/v1/compile", json=submission(BROKEN, run_id=run["id"])).json()
+            assert job["outcome"] == "compile_error", job
+            run = api.get(f"/v1/runs/{run['id']}").json()
+        yield service, run
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with playwright_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+class Visit:
+    """A logged-in page that records every console error and uncaught exception."""
+
+    def __init__(self, browser, service: ServiceProcess, width: int = 1200, javascript: bool = True):
+        self.context = browser.new_context(viewport={"width": width, "height": 900}, java_script_enabled=javascript)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("response", lambda r: self.errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+        self.base = service.url
+
+    def log_in(self, path: str) -> None:
+        self.page.goto(self.base + path)
+        assert self.page.url.startswith(self.base + "/login"), self.page.url  # no token yet: the form
+        self.page.fill("#token", TOKEN)
+        self.page.click("form.login button")
+        self.page.wait_for_load_state("load")
+        assert self.page.url == self.base + path, self.page.url
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def visit(browser, seeded) -> Iterator[Visit]:
+    service, _ = seeded
+    opened = Visit(browser, service)
+    yield opened
+    opened.close()
+    assert not opened.errors, opened.errors
+
+
+def test_the_run_page_plots_one_point_per_step_and_lists_every_attempt(visit: Visit, seeded, tmp_path: Path) -> None:
+    _, run = seeded
+    steps = SEARCH_STEPS + 1  # the search's attempts and the compile error
+    assert run["attempts"] == steps and run["status"] == "finished", run
+    visit.log_in(f"/runs/{run['id']}")
+    page = visit.page
+    page.wait_for_function("window.kernelloopChart !== undefined")
+
+    assert page.locator("#attempt-rows tr").count() == steps
+    assert page.locator("#chart canvas").count() == 1
+    points = page.evaluate(
+        """() => {
+            const data = window.kernelloopChart.plot.data;
+            return data[0].map((x, i) => ({x, marked: data.slice(1).filter(s => s[i] !== null).length,
+                                          geomean: data[1][i]}));
+        }"""
+    )
+    assert [p["x"] for p in points] == list(range(1, steps + 1))
+    assert all(p["marked"] >= 1 for p in points), points  # every step is drawn: a speedup or a failure marker
+    assert [p["geomean"] is not None for p in points] == [True] * SEARCH_STEPS + [False], points
+    labels = page.evaluate("() => window.kernelloopChart.plot.series.map(s => s.label)")
+    assert "geomean speedup" in labels and "compile_error" in labels, labels
+    assert page.locator("#run-status").inner_text() == "finished"
+    shot = (REPO / "docs") if os.environ.get("KERNELLOOP_UPDATE_SCREENSHOTS") == "1" else tmp_path
+    page.screenshot(path=str(shot / "run-page.png"), full_page=True)
+    assert (shot / "run-page.png").stat().st_size > 10_000
+
+
+def test_the_problem_and_runs_pages_lead_to_the_best_attempt(visit: Visit, seeded) -> None:
+    _, run = seeded
+    visit.log_in("/")
+    best = visit.page.locator(f"#problem-{PROBLEM} ~ td ol.leaders a").first
+    assert best.inner_text() == f"{run['best_speedup']:.2f}x"
+    visit.page.goto(visit.base + "/runs")
+    row = visit.page.locator("#runs tbody tr").first
+    cells = row.locator("td").all_inner_texts()
+    assert cells[1] == PROBLEM and cells[2] == "finished" and cells[3] == "search" and cells[5] == str(run["attempts"])
+    row.locator(f"a[href='/attempts/{run['best_attempt_id']}']").click()
+    visit.page.wait_for_load_state("load")
+    assert visit.page.url.endswith(f"/attempts/{run['best_attempt_id']}")
+    timing = visit.page.locator("#timing tbody tr")
+    assert timing.count() >= 1 and "x" in timing.first.locator("td").nth(3).inner_text()
+
+    with seeded[0].client() as api:
+        attempts = api.get("/v1/attempts", params={"run_id": run["id"], "sort": "id", "order": "asc"}).json()["items"]
+    child = next(a for a in attempts if a["parent_id"] is not None)  # the search's step from its baseline
+    visit.page.goto(f"{visit.base}/attempts/{child['id']}")
+    assert visit.page.locator("#against").input_value() == str(child["parent_id"])
+    assert visit.page.locator("#diff .add").count() >= 1 and visit.page.locator("#diff .del").count() >= 1
+
+
+def test_the_attempt_page_pins_the_diagnostic_under_its_line(visit: Visit, seeded) -> None:
+    service, run = seeded
+    with service.client() as api:
+        items = api.get("/v1/attempts", params={"run_id": run["id"], "status": "compile_error"}).json()["items"]
+    (broken,) = items
+    visit.log_in(f"/attempts/{broken['id']}")
+    line = line_of(BROKEN, "DELIBERATE-ERROR")
+    flagged = visit.page.locator("#code tr.has-diag")
+    assert flagged.count() == 1 and flagged.first.get_attribute("id") == f"L{line}"
+    note = visit.page.locator(f"#L{line} + tr.diag")
+    assert "error" in note.inner_text() and "DELIBERATE-ERROR" in visit.page.locator(f"#L{line}").inner_text()
+    assert visit.page.locator("#code .k").count() > 0  # keywords highlighted
+
+
+def test_pages_read_without_javascript_by_keyboard_and_on_a_narrow_screen(browser, seeded) -> None:
+    service, run = seeded
+    plain = Visit(browser, service, width=360, javascript=False)
+    try:
+        plain.log_in(f"/runs/{run['id']}")
+        assert plain.page.locator("#attempt-rows tr").count() == run["attempts"]  # rendered by the server
+        overflow = plain.page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the page is {overflow} px wider than a 360 px screen"
+        plain.page.keyboard.press("Tab")
+        assert plain.page.evaluate("() => document.activeElement.className") == "skip"
+        plain.page.keyboard.press("Enter")
+        assert plain.page.evaluate("() => location.hash") == "#main"
+    finally:
+        plain.close()
+    assert not plain.errors, plain.errors
+
+
+def test_without_the_token_a_page_sends_the_browser_to_the_login_form(seeded) -> None:
+    service, run = seeded
+    answer = httpx.get(f"{service.url}/runs/{run['id']}", follow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["location"] == f"/login?next=/runs/{run['id']}"
+    wrong = httpx.post(f"{service.url}/login", data={"token": "not-it", "next": "/"}, follow_redirects=False)
+    assert wrong.status_code == 401 and "is not this service" in wrong.text
+    outside = httpx.post(
+        f"{service.url}/login", data={"token": TOKEN, "next": "//evil.example/"}, follow_redirects=False
+    )
+    assert outside.status_code == 303 and outside.headers["location"] == "/"
+    live = httpx.get(f"{service.url}/runs/{run['id']}/live", follow_redirects=False)
+    assert live.status_code == 303  # the polled data needs the token too
+    cookie_only = httpx.get(f"{service.url}/v1/runs", cookies={"kernelloop_token": TOKEN})
+    assert cookie_only.status_code == 401  # the cookie opens the pages, never the API
