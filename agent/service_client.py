@@ -165,6 +165,10 @@ class ServiceClient:
     async def job(self, job_id: int) -> JobPublic | ServiceFailure:
         return await self._call("GET", f"/v1/jobs/{job_id}", JobPublic)
 
+    async def cancel_job(self, job_id: int) -> JobPublic | ServiceFailure:
+        """Stop the job: now if it is queued, else after its running step (409 when it has already ended)."""
+        return await self._call("POST", f"/v1/jobs/{job_id}/cancel", JobPublic)
+
     # --------------------------------------------------------------------------------------- writes
     async def create_run(self, request: RunCreate) -> RunPublic | ServiceFailure:
         return await self._call("POST", "/v1/runs", RunPublic, json=request.model_dump(mode="json"))

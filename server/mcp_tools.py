@@ -17,6 +17,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, TextContent
 
@@ -27,6 +28,8 @@ from kernelloop.contract import TERMINAL_JOB_STATUSES, JobPublic, SubmissionRequ
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import TOOLS
 from kernelloop.tools.results import Backend
+
+log = logging.getLogger("kernelloop.mcp")
 
 ClientFactory = Callable[[], AbstractAsyncContextManager[ServiceClient]]
 POLL_S = 1.0
@@ -131,17 +134,28 @@ def _register_tool(server: MCPServer, name: ToolName, summary: str, run_tool: Ca
 async def _submit_and_follow(
     client: ServiceClient, tool: ToolName, request: SubmissionRequest, ctx: Context
 ) -> JobPublic | ServiceFailure:
-    """Queue the job, then report its progress to the MCP client until it ends."""
+    """Queue the job, then report its progress to the MCP client until it ends. A client that goes away (or
+    cancels the call) cancels the job: nobody would read its verdict."""
     job = await client.queue(tool, request)
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while isinstance(job, JobPublic) and job.status not in TERMINAL_JOB_STATUSES and time.monotonic() < deadline:
-        step = job.current
-        message = (
-            f"{step.step}: {step.message} ({step.elapsed_s:.0f} s)" if step else f"job {job.id} {job.status.value}"
-        )
-        await ctx.report_progress(len(job.results), len(job.steps) or None, message)
-        await asyncio.sleep(POLL_S)
-        job = await client.job(job.id)
+    if not isinstance(job, JobPublic):
+        return job
+    job_id, deadline = job.id, time.monotonic() + JOB_TIMEOUT_S
+    try:
+        while isinstance(job, JobPublic) and job.status not in TERMINAL_JOB_STATUSES and time.monotonic() < deadline:
+            step = job.current
+            message = (
+                f"{step.step}: {step.message} ({step.elapsed_s:.0f} s)" if step else f"job {job_id} {job.status.value}"
+            )
+            await ctx.report_progress(len(job.results), len(job.steps) or None, message)
+            await asyncio.sleep(POLL_S)
+            job = await client.job(job_id)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            try:
+                await client.cancel_job(job_id)
+            except Exception:  # the service is going away too: its restart re-queues or ends the job
+                log.warning("MCP: could not cancel job %d after its client left", job_id, exc_info=True)
+        raise
     return job
 
 

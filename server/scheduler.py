@@ -54,6 +54,7 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         self._busy: dict[str, int | None] = {lane.name: None for lane in self.lanes}
         self._cpu_work: deque[tuple[Callable[[], object], Future[object]]] = deque()
+        self._cancelled: set[int] = set()
 
     def start(self) -> None:
         for lane in self.lanes:
@@ -127,6 +128,26 @@ class Scheduler:
         except BaseException as exc:  # the waiting caller gets it; the lane goes on
             future.set_exception(exc)
 
+    def cancel_after_step(self, job_id: int, note: str) -> None:
+        """The job's running step ends as its limits say (a hang within its call deadline); then the job ends,
+        its next steps not run. The step's verdict is kept: it ran."""
+        with self._wakeup:
+            self._cancelled.add(job_id)
+        if queue.cancel_queued(self.engine, job_id, note):  # it was between steps: nothing runs it now
+            self._cancelled.discard(job_id)
+            self.hub.notify(job_id)
+
+    def _end_if_cancelled(self, job_id: int, status: str) -> None:
+        """After a step of a cancelled job: end it unless it ended anyway. When another lane claimed its next
+        step first, that lane ends it after the step (the job stays marked)."""
+        with self._wakeup:
+            if job_id not in self._cancelled:
+                return
+        note = "cancelled: the steps after the one that was running did not run"
+        if status != JobStatus.queued.value or queue.cancel_queued(self.engine, job_id, note):
+            with self._wakeup:
+                self._cancelled.discard(job_id)
+
     def _run_step(self, lane: Lane, job_id: int) -> None:
         self._busy[lane.name] = job_id
         self.hub.notify(job_id)
@@ -144,6 +165,7 @@ class Scheduler:
             started = utcnow()
             result = self.redact(self.executor.run(step, lane, lambda partial: self._progress(job_id, partial)))
             job = queue.finish_step(self.engine, job_id, result, started_at=started, finished_at=utcnow())
+            self._end_if_cancelled(job_id, job.status)
             if job.status == JobStatus.queued.value:
                 self.wake()
         except Exception as exc:  # the service's fault, never the submission's: keep the job, failed

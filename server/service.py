@@ -112,6 +112,23 @@ class Service:
                 )
             return queue.job_public(session, job)
 
+    def cancel(self, job_id: int, client: str) -> JobPublic:
+        """Stop a job: at once when it waits for a lane, else once its running step ends (by its own limits)."""
+        job = self.job(job_id)
+        if job.status in TERMINAL_JOB_STATUSES:
+            raise ApiError(
+                409,
+                "job_ended",
+                f"job {job_id} has already ended ({job.status.value})",
+                field="path.job_id",
+                fix="nothing to cancel: GET /v1/jobs/{job_id} has its verdicts",
+            )
+        if not queue.cancel_queued(self.engine, job_id, f"cancelled by {client} before its next step ran"):
+            queue.add_note(self.engine, job_id, f"cancel asked by {client}: it ends when its running step does")
+            self.scheduler.cancel_after_step(job_id, f"cancelled by {client}")
+        self.scheduler.hub.notify(job_id)
+        return self.job(job_id)
+
     # ---------------------------------------------------------------------------------- tools
     def submit(self, phase: JobPhase, request: SubmissionRequest, client: str) -> JobPublic:
         """Record the attempt and queue its job; every check a client can fail comes first."""

@@ -241,6 +241,32 @@ def fail_job(engine: Engine, job_id: int, note: str) -> None:
         session.commit()
 
 
+def cancel_queued(engine: Engine, job_id: int, note: str) -> bool:
+    """End the job now if it is waiting for a lane (never one a lane has just claimed): True when it was."""
+    with Session(engine) as session:
+        claimed = session.exec(
+            update(Job)
+            .where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued.value)
+            .values(status=JobStatus.failed.value)
+        )
+        if claimed.rowcount != 1:
+            return False
+        job = session.get(Job, job_id)
+        assert job is not None
+        _fail(session, job, note)
+        session.commit()
+        return True
+
+
+def add_note(engine: Engine, job_id: int, note: str) -> None:
+    with Session(engine) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.note = (job.note + "\n" if job.note else "") + note
+        session.add(job)
+        session.commit()
+
+
 def _fail(session: Session, job: Job, note: str) -> None:
     job.status, job.finished_at, job.updated_at, job.lane = JobStatus.failed, utcnow(), utcnow(), None
     job.note = (job.note + "\n" if job.note else "") + note

@@ -157,8 +157,10 @@ def test_fake_result_on_stdout_does_not_pass_a_wrong_kernel(kl):
 
 
 def test_forged_reply_on_the_runners_channel_breaks_the_protocol(kl):
-    # argv[1] of the candidate's process is its channel to the judge, not the caller's result pipe
-    write = f"import os; os.write(int(sys.argv[1]), ({FORGED!r} + '\\n').encode())"
+    # the candidate's one socket is its channel to the judge (the judge's result pipe is closed in its process)
+    find = "next(fd for fd in range(3, 256) if os.path.exists(f'/proc/self/fd/{fd}') and "
+    find += "stat.S_ISSOCK(os.fstat(fd).st_mode))"
+    write = f"import os, stat; os.write({find}, ({FORGED!r} + '\\n').encode())"
     code = kl.helper_candidate("conv_off_by_one", prelude=write, forward_prelude=write)
     result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
 

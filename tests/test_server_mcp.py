@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import anyio
 import httpx
@@ -91,6 +92,27 @@ def test_over_http_the_cpu_example_evaluates_and_its_attempt_reads_back_as_a_res
     assert attempt["id"] == job["attempt_id"] and attempt["status"] == "passed"
     assert {e["kind"] for e in attempt["evaluations"]} == {"compile", "test", "benchmark"}
     assert PROBLEM in {p["name"] for p in problems.structured_content["items"]}
+
+
+def test_a_client_that_leaves_mid_call_cancels_its_job(service: ServiceProcess) -> None:
+    slow = CPU_EXAMPLE.replace("import torch\n", "import torch\nimport time\ntime.sleep(8)\n", 1)
+    assert slow != CPU_EXAMPLE
+
+    async def main():
+        async with _http(service) as client:
+            with anyio.move_on_after(3):  # the agent gives up and goes away while the job runs
+                await client.call_tool(
+                    "evaluate", {"problem": PROBLEM, "code": slow, "backend": "cpu", "options": QUICK}
+                )
+
+    anyio.run(main)
+    api = service.client()
+    (job,) = [j for j in api.get("/v1/jobs", params={"limit": 20}).json()["items"] if "cancel" in j["note"]]
+    deadline = time.monotonic() + 60
+    while job["status"] not in ("finished", "failed") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = api.get(f"/v1/jobs/{job['id']}").json()
+    assert job["status"] == "failed" and len(job["results"]) < 3, job  # it did not run to its benchmark
 
 
 def test_the_http_endpoint_refuses_a_client_without_the_token(service: ServiceProcess) -> None:

@@ -131,7 +131,7 @@ def test_the_problem_and_runs_pages_lead_to_the_best_attempt(visit: Visit, seede
     best = visit.page.locator(f"#problem-{PROBLEM} ~ td ol.leaders a").first
     assert best.inner_text() == f"{run['best_speedup']:.2f}x"
     visit.page.goto(visit.base + "/runs")
-    row = visit.page.locator("#runs tbody tr").first
+    row = visit.page.locator(f"#runs tbody tr:has(a[href='/runs/{run['id']}'])")
     cells = row.locator("td").all_inner_texts()
     assert cells[1] == PROBLEM and cells[2] == "finished" and cells[3] == "search" and cells[5] == str(run["attempts"])
     row.locator(f"a[href='/attempts/{run['best_attempt_id']}']").click()
@@ -160,6 +160,21 @@ def test_the_attempt_page_pins_the_diagnostic_under_its_line(visit: Visit, seede
     note = visit.page.locator(f"#L{line} + tr.diag")
     assert "error" in note.inner_text() and "DELIBERATE-ERROR" in visit.page.locator(f"#L{line}").inner_text()
     assert visit.page.locator("#code .k").count() > 0  # keywords highlighted
+
+
+def test_a_running_run_shows_new_attempts_and_its_end_without_a_reload(visit: Visit, seeded) -> None:
+    service, _ = seeded
+    with service.client() as api:
+        run = api.post("/v1/runs", json={"problem": PROBLEM, "proposer": "human", "name": "live"}).json()
+        visit.log_in(f"/runs/{run['id']}")
+        visit.page.wait_for_function("window.kernelloopChart !== undefined")
+        assert visit.page.locator("#attempt-rows tr").count() == 0
+        job = api.post("/v1/compile", json=submission(BROKEN, run_id=run["id"])).json()
+        assert job["outcome"] == "compile_error", job
+        visit.page.wait_for_function("document.querySelectorAll('#attempt-rows tr').length === 1", timeout=10_000)
+        assert visit.page.evaluate("() => window.kernelloopChart.steps.length") == 1
+        api.patch(f"/v1/runs/{run['id']}", json={"status": "finished"})
+        visit.page.wait_for_function("document.querySelector('#run-status').innerText === 'finished'", timeout=10_000)
 
 
 def test_pages_read_without_javascript_by_keyboard_and_on_a_narrow_screen(browser, seeded) -> None:

@@ -1,6 +1,7 @@
-"""How fast a job's worker is up: the judge and its runner import torch at once, and a service starts the next
-job's worker while the lane is busy."""
+"""How fast a job's worker is up, and at what cost: the runner is forked from a judge that imported torch (one
+import a job, not two), and a service starts the next job's worker while the lane is busy."""
 
+import json
 import subprocess
 import sys
 import time
@@ -16,17 +17,34 @@ from kernelloop.tools.results import Status
 from kernelloop.tools.worker_pool import WorkerPool
 
 
-def test_the_judge_starts_its_runner_before_importing_torch() -> None:
-    # what tools/worker.py imports before it creates the RunnerLink
+def test_the_runner_is_forked_from_the_judge_after_torch_with_nothing_of_the_judges_open() -> None:
+    # the judge's private result pipe exists before the runner does, as in tools/worker.py
     code = (
-        "import sys\n"
-        "import kernelloop.tools.worker\n"
+        "import json, os, sys\n"
+        "r, w = os.pipe()\n"
         "from kernelloop.tools.runner_link import RunnerLink\n"
-        "print('torch' in sys.modules)\n"
+        "link = RunnerLink()\n"
+        "pid = link.process.pid\n"
+        "stat = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()\n"
+        "print((int(stat[11]) + int(stat[12])) / os.sysconf('SC_CLK_TCK'))\n"
+        "print(open(f'/proc/{pid}/cmdline', 'rb').read() == open('/proc/self/cmdline', 'rb').read())\n"
+        "import time\n"
+        "for _ in range(500):  # until the runner serves: it closes what it must not keep before that\n"
+        "    fds = sorted(int(fd) for fd in os.listdir(f'/proc/{pid}/fd'))\n"
+        "    if len(fds) <= 4: break\n"
+        "    time.sleep(0.01)\n"
+        "print(json.dumps([fds, r, w]))\n"
+        "print(os.readlink(f'/proc/{pid}/fd/0'))\n"
+        "link.close()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False", "torch is imported before the runner starts: the start-up is serial"
+    cpu_s, forked, fds, stdin = done.stdout.strip().splitlines()
+    assert float(cpu_s) < 0.5, f"the runner spent {cpu_s} s of CPU before its first request: it imported torch again"
+    assert forked == "True"
+    listed, r, w = json.loads(fds)
+    assert r not in listed and w not in listed, fds  # the judge's pipe stays the judge's
+    assert len(listed) == 4 and stdin == "/dev/null", (fds, stdin)  # its output, /dev/null, its socket
 
 
 # ---- workers started ahead of their jobs ----------------------------------------------------------------------

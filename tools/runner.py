@@ -1,4 +1,4 @@
-"""The candidate's process: `python -P -m kernelloop.tools.runner SOCKET_FD`, started by the judge.
+"""The candidate's process, forked by the judge (`kernelloop.tools.runner_link`), serving on its socket.
 
 It builds and imports the submission, runs ModelNew on inputs the judge shared, and copies the outputs into
 the judge's buffers. Everything it answers is a report for the judge to check, never a verdict: after the
@@ -348,8 +348,8 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
 
 
-def main() -> None:
-    channel = Channel(socket.socket(fileno=int(sys.argv[1])))
+def main(socket_fd: int) -> None:
+    channel = Channel(socket.socket(fileno=socket_fd))
     try:
         Runner(channel).serve()
     except ChannelBroken:
@@ -357,7 +357,3 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,15 +1,21 @@
 """The judge's hold on the candidate's runner: starts it, asks it things, and times every answer from outside.
 
-The runner is a second process in the judge's sandbox (`python -P -m kernelloop.tools.runner`), sharing
-nothing with the judge but a socket: before starting it the judge makes itself non-dumpable, so the runner
-(same uid, no capabilities) cannot read or write the judge's memory, descriptors or environment through
-/proc, and the seccomp filter already refuses ptrace. Every request has a deadline: a runner that hangs is
-killed and the request fails with `RunnerFailed`, as does one that dies or breaks the protocol.
+The runner is a second process in the judge's sandbox (`kernelloop.tools.runner`), sharing nothing with
+the judge but a socket: before starting it the judge makes itself non-dumpable, so the runner (same uid, no
+capabilities) cannot read or write the judge's memory, descriptors or environment through /proc, and the
+seccomp filter already refuses ptrace. Every request has a deadline: a runner that hangs is killed and the
+request fails with `RunnerFailed`, as does one that dies or breaks the protocol.
+
+The runner is forked from the judge once the judge has imported torch (no CUDA touched, no job read, nothing
+submitted run yet), rather than started as a new interpreter that imports torch again: a job costs one
+import of torch instead of two, about half of a small job's CPU time. The child keeps only its end of the
+socket and its output; stdin (where the job will arrive) and every other descriptor are closed first.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import signal
 import socket
@@ -17,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from pydantic import BaseModel
 
@@ -44,15 +50,65 @@ def make_undumpable() -> None:
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
+class ForkedRunner:
+    """The runner's process as the judge holds it: poll, wait, kill (what subprocess.Popen offers)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(RUNNER_MODULE, timeout or 0.0)
+            time.sleep(0.005)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _become_runner(socket_fd: int) -> NoReturn:
+    """In the forked child: drop everything of the judge's but the socket and the output, then serve."""
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # the job comes on the judge's stdin: never readable here
+        os.closerange(3, socket_fd)
+        os.closerange(socket_fd + 1, os.sysconf("SC_OPEN_MAX"))
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as a process of its own would be
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(number, signal.SIG_DFL)
+        runner = importlib.import_module(RUNNER_MODULE)
+        runner.main(socket_fd)
+    finally:
+        os._exit(1)  # never back into the judge's code
+
+
 class RunnerLink:
     def __init__(self) -> None:
+        importlib.import_module(RUNNER_MODULE)  # torch and the runner's code, once, for both processes
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.process = subprocess.Popen(
-            [sys.executable, "-P", "-m", RUNNER_MODULE, str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            close_fds=True,
-        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _become_runner(theirs.fileno())
         theirs.close()
+        self.process = ForkedRunner(pid)
         self.channel = Channel(ours)
         self.last_envelope_ms = 0.0
 

@@ -1,7 +1,7 @@
 """Entry point of a sandboxed job: `python -P -m kernelloop.tools.worker RESULT_FD`, the job as JSON on stdin.
 
-This process is the judge. It makes itself non-dumpable, starts the candidate's runner (a second process,
-which imports torch while the judge does), and only then reads the job: a worker can be started ahead of
+This process is the judge. It makes itself non-dumpable, imports torch and forks the candidate's runner (a
+second process, `kernelloop.tools.runner_link`), and only then reads the job: a worker can be started ahead of
 its job (`kernelloop.tools.worker_pool`) and have all of that done by the time the job comes. It then runs
 the phase, sending the result-so-far on the private pipe after each step and the final result last, each
 line tagged with the job's nonce. Neither the pipe nor the nonce is reachable from the runner. It leaves
@@ -25,7 +25,7 @@ def main() -> None:
     make_undumpable()
     os.set_inheritable(result_fd, False)
     link = RunnerLink()
-    from kernelloop.tools import phases  # while the runner imports torch too: it takes seconds to load
+    from kernelloop.tools import phases
 
     job = WorkerJob.model_validate_json(sys.stdin.buffer.read())
     sys.stdin.close()

@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from sqlmodel import Session
 
 from kernelloop.contract import ErrorBody, JobEventPublic, JobPublic, JobStatus, Page
-from kernelloop.server.auth import READ_GUARDED, ReadGuard
+from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
 from kernelloop.server.routes.deps import MAX_ID, JobId, ServiceDep, SessionDep
 from kernelloop.server.service import Service
 from kernelloop.storage import queue
@@ -54,6 +54,18 @@ def list_jobs(
 def get_job(job_id: JobId, service: ServiceDep) -> JobPublic:
     """A job: status, queue position, lane, and the verdicts of the steps that ran."""
     return service.job(job_id)
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    response_model=JobPublic,
+    responses={code: {"model": ErrorBody} for code in (401, 404, 409, 422, 429)},
+)
+def cancel_job(job_id: JobId, service: ServiceDep, client: MutationGuard) -> JobPublic:
+    """Stop a job: a queued one ends at once (failed, its note says who cancelled it); a running one ends when
+    its running step does (each step is bounded by its limits, a hang by its call deadline) and its next steps
+    do not run. The verdicts of the steps that ran are kept."""
+    return service.cancel(job_id, client)
 
 
 @router.get(
