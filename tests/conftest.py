@@ -223,6 +223,11 @@ def _session_root() -> Path:
     raise AssertionError("unreachable")
 
 
+# Every service and command the tests start in this process or below builds into the same cache: the agent
+# tests, the suite and the web pages' run build the same templates, and each is built once.
+os.environ.setdefault("KERNELLOOP_BUILD_CACHE_DIR", str(shared_build_cache()))
+
+
 @pytest.fixture(scope="session")
 def session_root():
     root = _session_root()

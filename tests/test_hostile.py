@@ -101,7 +101,9 @@ def host(session_root: Path) -> Iterator[Host]:
     canary_dir.mkdir()
     canary = canary_dir / "canary.txt"
     canary.write_text(f"outside every job: {SECRET}\n")
-    settings = SandboxSettings(data_dir=data_dir, max_job_disk_bytes=64 << 20, compile_timeout_s=120)
+    settings = SandboxSettings(
+        data_dir=data_dir, build_cache_dir=data_dir / "build-cache", max_job_disk_bytes=64 << 20, compile_timeout_s=120
+    )
     tcp = socket.create_server(("127.0.0.1", 0))
     port = tcp.getsockname()[1]
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from conftest import CPU_EXAMPLE, PROBLEM, REPO, line_of, run_kernelloop
 from server_fixtures import TOKEN, ServiceProcess, submission
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
-SEARCH_STEPS = 2
+SEARCH_STEPS = 1  # the baseline; the compile error added to the run is its child
 BROKEN = CPU_EXAMPLE.replace("def forward(self, x):", "def forward(self, x)  # DELIBERATE-ERROR")
 
 REQUIRED = os.environ.get("KERNELLOOP_REQUIRE_BROWSER") == "1"
@@ -48,7 +49,8 @@ def seeded() -> Iterator[tuple[ServiceProcess, dict]]:
         assert done.returncode == 0, done.stderr[-3000:]
         with service.client() as api:
             (run,) = api.get("/v1/runs").json()["items"]
-            job = api.post("/v1/compile", json=submission(BROKEN, run_id=run["id"])).json()
+            body = submission(BROKEN, run_id=run["id"], parent_attempt_id=run["best_attempt_id"])
+            job = api.post("/v1/compile", json=body).json()
             assert job["outcome"] == "compile_error", job
             run = api.get(f"/v1/runs/{run['id']}").json()
         yield service, run
@@ -62,6 +64,16 @@ def browser() -> Iterator[object]:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         yield chromium
         chromium.close()
+
+
+def until(page, expression: str, timeout_s: float = 10.0) -> object:
+    """Poll a JavaScript expression from outside the page until it is truthy (the pages' Content-Security-Policy
+    refuses the string evaluation that Playwright's wait_for_function polls with, as it should)."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := page.evaluate(f"() => {expression}")):
+        assert time.monotonic() < deadline, f"never true: {expression}"
+        time.sleep(0.1)
+    return value
 
 
 class Visit:
@@ -103,7 +115,7 @@ def test_the_run_page_plots_one_point_per_step_and_lists_every_attempt(visit: Vi
     assert run["attempts"] == steps and run["status"] == "finished", run
     visit.log_in(f"/runs/{run['id']}")
     page = visit.page
-    page.wait_for_function("window.kernelloopChart !== undefined")
+    until(page, "window.kernelloopChart !== undefined")
 
     assert page.locator("#attempt-rows tr").count() == steps
     assert page.locator("#chart canvas").count() == 1
@@ -142,7 +154,7 @@ def test_the_problem_and_runs_pages_lead_to_the_best_attempt(visit: Visit, seede
 
     with seeded[0].client() as api:
         attempts = api.get("/v1/attempts", params={"run_id": run["id"], "sort": "id", "order": "asc"}).json()["items"]
-    child = next(a for a in attempts if a["parent_id"] is not None)  # the search's step from its baseline
+    child = next(a for a in attempts if a["parent_id"] is not None)  # the compile error, from the baseline
     visit.page.goto(f"{visit.base}/attempts/{child['id']}")
     assert visit.page.locator("#against").input_value() == str(child["parent_id"])
     assert visit.page.locator("#diff .add").count() >= 1 and visit.page.locator("#diff .del").count() >= 1
@@ -167,14 +179,14 @@ def test_a_running_run_shows_new_attempts_and_its_end_without_a_reload(visit: Vi
     with service.client() as api:
         run = api.post("/v1/runs", json={"problem": PROBLEM, "proposer": "human", "name": "live"}).json()
         visit.log_in(f"/runs/{run['id']}")
-        visit.page.wait_for_function("window.kernelloopChart !== undefined")
+        until(visit.page, "window.kernelloopChart !== undefined")
         assert visit.page.locator("#attempt-rows tr").count() == 0
         job = api.post("/v1/compile", json=submission(BROKEN, run_id=run["id"])).json()
         assert job["outcome"] == "compile_error", job
-        visit.page.wait_for_function("document.querySelectorAll('#attempt-rows tr').length === 1", timeout=10_000)
+        until(visit.page, "document.querySelectorAll('#attempt-rows tr').length === 1")
         assert visit.page.evaluate("() => window.kernelloopChart.steps.length") == 1
         api.patch(f"/v1/runs/{run['id']}", json={"status": "finished"})
-        visit.page.wait_for_function("document.querySelector('#run-status').innerText === 'finished'", timeout=10_000)
+        until(visit.page, "document.querySelector('#run-status').innerText === 'finished'")
 
 
 def test_pages_read_without_javascript_by_keyboard_and_on_a_narrow_screen(browser, seeded) -> None:

@@ -117,7 +117,7 @@ def read_requests(build_dir: Path) -> list[Request]:
         shutil.copyfile(text_file, kept)
         requests.append(Request(key=key, options=options, preprocessed=kept))
     shutil.rmtree(found, ignore_errors=True)
-    return requests
+    return sorted(requests, key=lambda r: r.preprocessed.stat().st_size)  # the quick ones first
 
 
 _compiler: ObjectCompiler | None = None

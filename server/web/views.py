@@ -21,6 +21,7 @@ from kernelloop.contract import (
     LeaderboardEntry,
     ProblemSummary,
     RunPublic,
+    RunStatus,
     StepProgress,
 )
 from kernelloop.server.web.highlight import highlighted_lines
@@ -117,7 +118,7 @@ def run_view(session: Session, run: RunPublic) -> RunView:
     attempts = history.list_attempts(
         session, AttemptFilter(run_id=run.id, sort="id", order="asc", limit=RUN_ATTEMPTS_SHOWN)
     ).items
-    end = run.finished_at or (utcnow() if run.status == "running" else run.updated_at or run.created_at)
+    end = run.finished_at or (utcnow() if run.status == RunStatus.active else run.updated_at or run.created_at)
     return RunView(
         run=run,
         attempts=attempts,

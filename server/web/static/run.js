@@ -84,7 +84,7 @@
       if (!answer.ok) return;
       const live = await answer.json();
       show(live);
-      if (live.status === "running") setTimeout(poll, pollMs);
+      if (live.status === "active") setTimeout(poll, pollMs);
     } catch (error) {
       setTimeout(poll, pollMs * 2);  // the service restarting: try again, less often
     }
@@ -93,5 +93,5 @@
   const first = JSON.parse(block.textContent);
   draw(first);
   window.addEventListener("resize", () => plot && plot.setSize({width: Math.max(host.clientWidth, 280), height: 320}));
-  if (first.status === "running") setTimeout(poll, pollMs);
+  if (first.status === "active") setTimeout(poll, pollMs);
 })();
