@@ -101,6 +101,10 @@ def _become_runner(socket_fd: int) -> NoReturn:
 class RunnerLink:
     def __init__(self) -> None:
         importlib.import_module(RUNNER_MODULE)  # torch and the runner's code, once, for both processes
+        import torch
+
+        if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent made
+            raise RuntimeError("CUDA was initialized in the judge before its runner was forked")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         sys.stdout.flush()
         sys.stderr.flush()
