@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 from conftest import PROBLEM, run_kernelloop
 
@@ -64,3 +65,23 @@ def test_cli_unknown_problem_exits_2_naming_the_option(kl):
 
     assert out.returncode == 2
     assert "--problem" in out.stderr and "no_such_problem" in out.stderr
+
+
+def test_a_tool_command_imports_only_its_own_group() -> None:
+    # `kernelloop compile` of a cached build answers in about a second: the MCP SDK, the service and the agent's
+    # clients (over a second to import) are not loaded for it
+    code = (
+        "import sys\n"
+        "from kernelloop.cli import main\n"
+        "try:\n"
+        "    main(['compile', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('mcp', 'fastapi', 'uvicorn', 'kernelloop.agent', 'kernelloop.server')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
+    listed = run_kernelloop("--help")
+    assert listed.returncode == 0 and all(name in listed.stdout for name in ("compile", "serve", "agent", "mcp"))
