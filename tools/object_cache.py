@@ -113,7 +113,9 @@ def read_requests(build_dir: Path) -> list[Request]:
             key = request_key(args, text_file.read_bytes())
         except (OSError, ValueError, UnicodeDecodeError):
             continue
-        kept = Path(tempfile.mkstemp(prefix="object-", suffix=".ii")[1])
+        descriptor, name = tempfile.mkstemp(prefix="object-", suffix=".ii")
+        os.close(descriptor)
+        kept = Path(name)
         shutil.copyfile(text_file, kept)
         requests.append(Request(key=key, options=options, preprocessed=kept))
     shutil.rmtree(found, ignore_errors=True)
