@@ -115,10 +115,10 @@ def test_problem_checks_queue_on_the_cpu_lanes() -> None:
                 source = scaled_relu_problem(SLOW_IMPORT, scale=i + 2)
                 return client.post("/v1/problems", json={"name": f"slow_relu_{i}", "source": source})
 
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            answers = pool.map(register, range(3))
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            answers = pool.map(register, range(2))
             with service.client() as api:
-                # one lane: one check runs, the others wait in line and are counted
+                # one lane: one check runs, the other waits in line and is counted
                 waiting = _wait_for(
                     lambda: api.get("/v1/devices").json()["queue"]["problem_checks"] >= 1,
                     timeout_s=30,
@@ -126,7 +126,7 @@ def test_problem_checks_queue_on_the_cpu_lanes() -> None:
                 )
                 assert waiting
             statuses = [a.status_code for a in answers]
-        assert statuses == [201, 201, 201]
+        assert statuses == [201, 201]
         with service.client() as api:
             assert api.get("/v1/devices").json()["queue"]["problem_checks"] == 0
     finally:
