@@ -197,6 +197,14 @@ def cpu_correctness_shapes() -> list[str]:
     return [s.name for s in load_problem(PROBLEM).correctness_shapes("cpu")]
 
 
+def fresh_interpreter(code: str) -> list[str]:
+    """Run Python code in a new interpreter (nothing imported yet, the root logger bare) and return the lines it
+    printed; it must succeed."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()
+
+
 def run_kernelloop(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:

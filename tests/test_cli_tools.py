@@ -6,9 +6,8 @@ import json
 import os
 import re
 import subprocess
-import sys
 
-from conftest import PROBLEM, run_kernelloop
+from conftest import PROBLEM, fresh_interpreter, run_kernelloop
 
 
 def _kernelloop(kl, *args: str) -> subprocess.CompletedProcess[str]:
@@ -80,8 +79,6 @@ def test_a_tool_command_imports_only_its_own_group() -> None:
         "heavy = ('mcp', 'fastapi', 'uvicorn', 'kernelloop.agent', 'kernelloop.server')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
+    assert fresh_interpreter(code)[-1] == "[]"
     listed = run_kernelloop("--help")
     assert listed.returncode == 0 and all(name in listed.stdout for name in ("compile", "serve", "agent", "mcp"))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -15,7 +14,7 @@ import anyio
 import httpx
 import httpx2
 import pytest
-from conftest import CPU_EXAMPLE, PROBLEM, line_of
+from conftest import CPU_EXAMPLE, PROBLEM, fresh_interpreter, line_of
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -136,5 +135,4 @@ def test_building_the_mcp_server_leaves_the_process_logging_alone() -> None:
         "root = logging.getLogger()\n"
         "print(len(root.handlers), logging.getLevelName(root.level))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert out.stdout.split() == ["0", "WARNING"], (out.stdout, out.stderr[-2000:])
+    assert fresh_interpreter(probe) == ["0 WARNING"]

@@ -2,12 +2,11 @@
 import a job, not two), and a service starts the next job's worker while the lane is busy."""
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import fresh_interpreter
 from server_fixtures import scaled_relu_problem
 
 from kernelloop.tools import api
@@ -37,9 +36,7 @@ def test_the_runner_is_forked_from_the_judge_after_torch_with_nothing_of_the_jud
         "print(os.readlink(f'/proc/{pid}/fd/0'))\n"
         "link.close()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    cpu_s, forked, fds, stdin = done.stdout.strip().splitlines()
+    cpu_s, forked, fds, stdin = fresh_interpreter(code)
     assert float(cpu_s) < 0.5, f"the runner spent {cpu_s} s of CPU before its first request: it imported torch again"
     assert forked == "True"
     listed, r, w = json.loads(fds)
