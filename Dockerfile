@@ -23,7 +23,8 @@ RUN pip install "torch==${TORCH_VERSION}"
 
 WORKDIR /opt/kernelloop/src
 COPY . .
-RUN pip install . \
+# with Ray and PostgreSQL's driver: one image for the service, a Ray head and Ray workers (docker-compose.yml)
+RUN pip install ".[ray,postgres]" \
  && useradd --create-home --uid 1000 kernelloop \
  && mkdir -p /var/lib/kernelloop/data /var/lib/kernelloop/problems \
  && chown -R kernelloop:kernelloop /var/lib/kernelloop

@@ -538,10 +538,23 @@ class QueueDepth(BaseModel):
     problem_checks: int = Field(0, description="registrations waiting for a CPU lane to check their problem file")
 
 
+class NodeInfo(BaseModel):
+    """A host that runs steps: this one under the local executor, each node of the cluster under Ray."""
+
+    id: str = Field(description="the host's name, or the Ray node's id")
+    address: str
+    alive: bool
+    cpus: float = Field(description="CPUs it offers to builds and CPU steps")
+    gpus: float = Field(description="GPUs it offers to tests and benchmarks, one step each")
+    gpu_type: str | None = Field(None, description="what Ray reports as the node's accelerator type, e.g. H200")
+
+
 class DevicesReport(BaseModel):
-    gpus: list[GpuInfo]
+    gpus: list[GpuInfo] = Field(description="this host's GPUs, as nvidia-smi reports them")
     lanes: list[LaneState]
     queue: QueueDepth
+    executor: Literal["local", "ray"] = "local"
+    nodes: list[NodeInfo] = Field([], description="the hosts that run steps")
 
 
 class Health(BaseModel):
@@ -556,6 +569,8 @@ class Health(BaseModel):
     queue: QueueDepth
     problems: list[str]
     uptime_s: float
+    executor: Literal["local", "ray"] = Field("local", description="where steps run: this host, or a Ray cluster")
+    nodes: list[NodeInfo] = Field([], description="the hosts that run steps, with their CPUs and GPUs")
 
 
 class ToolsCatalog(BaseModel):

@@ -49,6 +49,22 @@ def check_settings(settings: ServiceSettings) -> None:
         )
 
 
+def make_executor(settings: ServiceSettings) -> Executor:
+    """The executor KERNELLOOP_EXECUTOR names: sandboxed workers on this host, or a Ray cluster's nodes."""
+    if settings.executor == "local":
+        return LocalExecutor(settings.sandbox, gpu_lane_ids(settings), settings.cpu_workers)
+    try:
+        from kernelloop.server.ray_executor import RayExecutor
+    except ImportError as exc:
+        raise ConfigError(
+            f"KERNELLOOP_EXECUTOR=ray needs Ray in the service's environment (pip install 'kernelloop[ray]'): {exc}"
+        ) from exc
+    try:
+        return RayExecutor(settings.ray_address, settings.cpu_workers)
+    except (ConnectionError, RuntimeError) as exc:
+        raise ConfigError(f"could not reach the Ray cluster at {settings.ray_address or 'RAY_ADDRESS'}: {exc}") from exc
+
+
 def create_app(settings: ServiceSettings, executor: Executor | None = None) -> FastAPI:
     check_settings(settings)
     try:
@@ -56,7 +72,7 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
     except SandboxUnavailable as exc:
         raise ConfigError(str(exc)) from exc
     engine = open_database(settings.resolved_database_url)
-    executor = executor or LocalExecutor(settings.sandbox, gpu_lane_ids(settings), settings.cpu_workers)
+    executor = executor or make_executor(settings)
     service = Service(settings, engine, executor)
 
     @asynccontextmanager

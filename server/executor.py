@@ -3,16 +3,18 @@
 The scheduler hands an `Executor` one step at a time on a lane; the executor runs it and returns the
 tool's result (blocking), reporting results-so-far through `on_progress`. The local executor runs the
 tools in sandboxed worker processes on this host; a cluster engine (Ray, later) implements the same
-two methods and lanes of its own.
+methods with lanes of its own (`ray_executor`).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
+from kernelloop.contract import NodeInfo
 from kernelloop.tools import api, header_cache, object_cache
 from kernelloop.tools.api import Progress
 from kernelloop.tools.jobs import EvalOptions
@@ -24,6 +26,11 @@ from kernelloop.tools.worker_pool import WorkerPool
 
 ROOMY_CORES = 8
 """a host without a GPU needs this many cores before the service does work ahead (spares, headers)"""
+
+
+class StepLost(RuntimeError):
+    """The step's verdict will never come, through no fault of its code: the node running it died or the cluster
+    lost the task. The scheduler queues the job again (once, by KERNELLOOP_MAX_JOB_INTERRUPTIONS)."""
 
 
 class Lane(BaseModel):
@@ -44,17 +51,37 @@ class StepRequest(BaseModel):
 
 
 class Executor(Protocol):
+    name: Literal["local", "ray"]
+
     def lanes(self) -> list[Lane]:
         """The lanes this executor offers; the scheduler runs one step at a time on each."""
         ...
 
     def run(self, step: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
-        """Run one step on `lane` and return its verdict; never raises for anything the code does."""
+        """Run one step on `lane` and return its verdict; never raises for anything the code does, and
+        raises `StepLost` when the host running it went away."""
+        ...
+
+    def nodes(self) -> list[NodeInfo]:
+        """The hosts that run steps, for /v1/health and /v1/devices."""
         ...
 
     def close(self) -> None:
         """Release what the executor holds between steps (the service is stopping)."""
         ...
+
+
+def start_host_helpers(settings: SandboxSettings, *, has_gpu: bool, max_spares: int | None = None) -> WorkerPool:
+    """What a host that runs steps does ahead of them: precompile torch's headers, serve the object cache, and
+    start spare workers (the pool returned; at most `max_spares`, default KERNELLOOP_PRESTART_WORKERS).
+    Starting spares and precompiling headers take cores: on a small host without a GPU they would run beside
+    CPU benchmarks and disturb their timings, so only a GPU host or one of 8 cores or more does them."""
+    roomy = has_gpu or (os.cpu_count() or 1) >= ROOMY_CORES
+    if roomy:
+        header_cache.build_in_background(settings)
+        object_cache.start(settings)
+    spares = settings.prestart_workers if max_spares is None else min(max_spares, settings.prestart_workers)
+    return WorkerPool(spares if roomy else 0)
 
 
 class LocalExecutor:
@@ -65,21 +92,22 @@ class LocalExecutor:
     while it runs a step (`WorkerPool`), so a step's worker is ready when the step comes.
     """
 
+    name: Literal["local", "ray"] = "local"
+
     def __init__(self, settings: SandboxSettings, gpus: list[str], cpu_workers: int | None = None):
         self.settings = settings
         count = cpu_workers or os.cpu_count() or 1
         self._lanes = [Lane(name=f"cpu-{i}", kind="cpu") for i in range(count)]
         self._lanes += [Lane(name=f"gpu-{i}", kind="gpu", gpu=gpu) for i, gpu in enumerate(gpus)]
-        # Starting spares and precompiling headers take cores: on a small host without a GPU they would run
-        # beside CPU benchmarks and disturb their timings, so only a GPU host or one of 8 cores or more does them.
-        roomy = bool(gpus) or (os.cpu_count() or 1) >= ROOMY_CORES
-        self.pool = WorkerPool(settings.prestart_workers if roomy else 0)
-        if roomy:
-            header_cache.build_in_background(settings)
-            object_cache.start(settings)
+        self.pool = start_host_helpers(settings, has_gpu=bool(gpus))
 
     def lanes(self) -> list[Lane]:
         return list(self._lanes)
+
+    def nodes(self) -> list[NodeInfo]:
+        cpus = sum(1 for lane in self._lanes if lane.kind == "cpu")
+        gpus = len(self._lanes) - cpus
+        return [NodeInfo(id=socket.gethostname(), address="localhost", alive=True, cpus=cpus, gpus=gpus)]
 
     def run(self, step: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
         visible = lane.gpu if lane.kind == "gpu" and lane.gpu is not None else ""

@@ -23,7 +23,7 @@ from sqlmodel import Session
 
 from kernelloop.contract import JobStatus
 from kernelloop.server.events import EventHub
-from kernelloop.server.executor import Executor, Lane, StepRequest
+from kernelloop.server.executor import Executor, Lane, StepLost, StepRequest
 from kernelloop.storage import queue
 from kernelloop.storage.models import utcnow
 from kernelloop.tools.results import PhaseResult
@@ -45,8 +45,10 @@ class Scheduler:
         *,
         poll_s: float = 1.0,
         redact: Callable[[PhaseResult], PhaseResult] = lambda result: result,
+        max_interruptions: int = 1,
     ):
         self.engine, self.executor, self.hub, self.poll_s = engine, executor, hub, poll_s
+        self.max_interruptions = max_interruptions
         self.redact = redact
         self.lanes = executor.lanes()
         self._wakeup = threading.Condition()
@@ -167,6 +169,10 @@ class Scheduler:
             job = queue.finish_step(self.engine, job_id, result, started_at=started, finished_at=utcnow())
             self._end_if_cancelled(job_id, job.status)
             if job.status == JobStatus.queued.value:
+                self.wake()
+        except StepLost as lost:  # its node died: the step never ran to a verdict, so it runs again (once)
+            log.warning("job %d lost its step on lane %s: %s", job_id, lane.name, lost)
+            if queue.requeue_lost(self.engine, job_id, max_interruptions=self.max_interruptions, reason=str(lost)):
                 self.wake()
         except Exception as exc:  # the service's fault, never the submission's: keep the job, failed
             log.exception("job %d failed in the service on lane %s", job_id, lane.name)

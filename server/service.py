@@ -43,7 +43,9 @@ class Service:
         self.hub = EventHub()
         token = settings.api_token.get_secret_value() if settings.api_token else None
         secrets = service_secrets(token, settings.resolved_database_url)
-        self.scheduler = Scheduler(engine, executor, self.hub, redact=Redactor(secrets))
+        self.scheduler = Scheduler(
+            engine, executor, self.hub, redact=Redactor(secrets), max_interruptions=settings.max_job_interruptions
+        )
         self.limiter = RateLimiter(settings.rate_limit_per_minute)
         self.started = time.monotonic()
         self._registering = threading.Lock()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,6 +34,14 @@ class ServiceSettings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     cpu_workers: int | None = Field(None, ge=1, description="parallel CPU jobs (builds, cpu backend); default: cores")
     gpus: str | None = Field(None, description="GPU indices given a job lane, e.g. '0,1'; default: every visible GPU")
+    executor: Literal["local", "ray"] = Field(
+        "local", description="where steps run: local (sandboxed workers on this host) or ray (a Ray cluster's nodes)"
+    )
+    ray_address: str | None = Field(
+        None,
+        description="the Ray cluster for executor=ray, e.g. ray://head:10001 or head:6379; default: RAY_ADDRESS, "
+        "else a Ray started on this host",
+    )
     max_code_bytes: int = Field(1 << 20, description="largest submitted source, UTF-8 bytes")
     max_problem_bytes: int = Field(256 << 10, description="largest registered problem file, UTF-8 bytes")
     max_body_bytes: int = Field(4 << 20, description="largest request body")
@@ -41,8 +50,8 @@ class ServiceSettings(BaseSettings):
     max_job_interruptions: int = Field(
         1,
         ge=0,
-        description="unclean stops of the service (a crash, kill -9) a running job survives before it is marked "
-        "failed; a clean shutdown does not count",
+        description="unclean stops of the service (a crash, kill -9), or deaths of the Ray node running it, that a "
+        "running job survives before it is marked failed; a clean shutdown does not count",
     )
     problem_check_timeout_s: float = Field(120.0, gt=0, description="sandboxed check of a registered problem")
     max_gpu_timing_s: float = Field(

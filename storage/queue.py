@@ -285,35 +285,44 @@ def requeue_running(engine: Engine, *, max_interruptions: int, reason: str, coun
     with Session(engine) as session:
         jobs = session.exec(select(Job).where(Job.status == JobStatus.running.value).order_by(col(Job.id))).all()
         for job in jobs:
-            step, lane = job.steps[job.step_index], job.lane
-            job.interruptions += 1 if counts else 0
-            stamp = utcnow().strftime("%Y-%m-%d %H:%M:%S UTC")
-            line = f"{stamp}: interrupted ({reason}) during step {step} on lane {lane}"
-            add_event(
-                session,
-                row_id(job),
-                "interrupted",
-                step=step,
-                lane=lane,
-                reason=reason,
-                interruptions=job.interruptions,
-            )
-            if job.interruptions > max_interruptions:
-                job.note = (job.note + "\n" if job.note else "") + line
-                _fail(
-                    session,
-                    job,
-                    f"not queued again: interrupted {job.interruptions} times "
-                    f"(more than KERNELLOOP_MAX_JOB_INTERRUPTIONS={max_interruptions})",
-                )
-                continue
-            job.note = (job.note + "\n" if job.note else "") + line + "; queued again"
-            job.status, job.lane, job.updated_at = JobStatus.queued, None, utcnow()
-            session.add(job)
-            session.flush()
-            add_event(session, row_id(job), "requeued", step=step, queue_position=queue_position(session, job))
+            _interrupt(session, job, reason, max_interruptions, counts)
         session.commit()
         return [row_id(job) for job in jobs]
+
+
+def requeue_lost(engine: Engine, job_id: int, *, max_interruptions: int, reason: str) -> bool:
+    """The step running on a cluster node was lost (the node died): queue the job again, or fail it once it has
+    been interrupted more than `max_interruptions` times. True when it was queued again."""
+    with Session(engine) as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.running.value:
+            return False
+        queued = _interrupt(session, job, reason, max_interruptions, counts=True)
+        session.commit()
+        return queued
+
+
+def _interrupt(session: Session, job: Job, reason: str, max_interruptions: int, counts: bool) -> bool:
+    step, lane = job.steps[job.step_index], job.lane
+    job.interruptions += 1 if counts else 0
+    stamp = utcnow().strftime("%Y-%m-%d %H:%M:%S UTC")
+    line = f"{stamp}: interrupted ({reason}) during step {step} on lane {lane}"
+    add_event(session, row_id(job), "interrupted", step=step, lane=lane, reason=reason, interruptions=job.interruptions)
+    if job.interruptions > max_interruptions:
+        job.note = (job.note + "\n" if job.note else "") + line
+        _fail(
+            session,
+            job,
+            f"not queued again: interrupted {job.interruptions} times "
+            f"(more than KERNELLOOP_MAX_JOB_INTERRUPTIONS={max_interruptions})",
+        )
+        return False
+    job.note = (job.note + "\n" if job.note else "") + line + "; queued again"
+    job.status, job.lane, job.updated_at = JobStatus.queued, None, utcnow()
+    session.add(job)
+    session.flush()
+    add_event(session, row_id(job), "requeued", step=step, queue_position=queue_position(session, job))
+    return True
 
 
 def queue_position(session: Session, job: Job) -> int | None:

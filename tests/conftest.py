@@ -36,6 +36,7 @@ from kernelloop.tools.settings import SandboxSettings
 # a core); on a 2-core runner both would compete with the tests' own jobs, so services under test do neither
 # unless a test asks (test_worker_start.py, test_header_cache.py). Environments built for subprocesses keep these.
 QUIET_SERVICE_ENV = {"KERNELLOOP_PRESTART_WORKERS": "0", "KERNELLOOP_PRECOMPILED_HEADERS": "false"}
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # the Ray tests' cluster reports nowhere
 for _name, _value in QUIET_SERVICE_ENV.items():
     os.environ.setdefault(_name, _value)
 

@@ -185,6 +185,17 @@ class ServiceProcess:
                 self.kill()
 
 
+def wait_for(predicate, timeout_s: float = 120.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """The predicate's first truthy value, polled every 0.2 s; an AssertionError naming `what` at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def submission(code: str = CPU_EXAMPLE, problem: str = "causal_conv1d", **fields: object) -> dict[str, object]:
     return {"problem": problem, "code": code, "backend": "cpu", **fields}
 

@@ -102,3 +102,28 @@ def test_a_build_folder_that_links_out_of_the_job_is_not_followed(tmp_path) -> N
     kept = build_cache.entry_path(cache, "2" * 64)
     assert sorted(p.name for p in kept.rglob("*") if p.is_file()) == [".built", ".manifest.json", "ext.so"]
     assert "a host secret" not in "".join(p.read_text(errors="replace") for p in kept.rglob("*") if p.is_file())
+
+
+def test_a_build_exported_from_one_cache_is_adopted_by_another_checked(tmp_path) -> None:
+    """What a Ray node ships to another: the published files, checked on the way out and on the way in."""
+    build = tmp_path / "build"
+    (build / "sub").mkdir(parents=True)
+    (build / "sub" / "ext.so").write_bytes(b"\x7fELF" + bytes(range(256)))
+    build_cache.mark_built(build)
+    first, second, key = tmp_path / "first", tmp_path / "second", "ab" * 32
+    assert build_cache.publish(first, key, build)
+    files = build_cache.export(first, key)
+    assert files is not None and files["sub/ext.so"] == (build / "sub" / "ext.so").read_bytes()
+
+    assert not build_cache.adopt(second, key, {**files, "../outside": b"x"})  # a path out of the build is refused
+    assert not (second / "outside").exists() and not build_cache.is_published(second, key)
+    assert build_cache.adopt(second, key, files)
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    assert build_cache.restore(second, key, restored)
+    assert (restored / "sub" / "ext.so").read_bytes() == files["sub/ext.so"]
+
+    shipped = build_cache.entry_path(first, key) / "sub" / "ext.so"  # a file changed after publishing
+    shipped.chmod(0o600)
+    shipped.write_bytes(b"tampered")
+    assert build_cache.export(first, key) is None

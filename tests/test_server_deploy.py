@@ -91,3 +91,29 @@ def test_dockerfile_builds_on_cuda_devel_with_the_sandbox_and_a_token_guarded_se
         next(line for line in text.splitlines() if "KERNELLOOP_PROBLEMS_DIR=" in line).split("=", 1)[1].split()[0]
     )
     assert not problems.startswith(data + "/")  # the sandbox hides data; workers must see problems
+
+
+@needs_compose
+def test_the_ray_profile_puts_the_service_on_a_ray_head_and_gpu_worker_with_postgres() -> None:
+    out = subprocess.run(
+        [*COMPOSE, "-f", str(REPO / "docker-compose.yml"), "--profile", "ray", "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KERNELLOOP_API_TOKEN": "x" * 32, "KERNELLOOP_DB_PASSWORD": "p" * 24},
+    )
+    assert out.returncode == 0, out.stderr
+    services = yaml.safe_load(out.stdout)["services"]
+    service, head, worker = services["kernelloop-ray"], services["ray-head"], services["ray-gpu-worker"]
+    env = service["environment"]
+    assert env["KERNELLOOP_EXECUTOR"] == "ray" and env["KERNELLOOP_RAY_ADDRESS"] == "ray-head:6379"
+    assert env["KERNELLOOP_DATABASE_URL"].startswith("postgresql+psycopg://kernelloop:" + "p" * 24 + "@postgres:")
+    assert set(service["depends_on"]) == {"postgres", "ray-head"}
+    assert "--head" in head["command"] and "--address=ray-head:6379" in worker["command"]
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["count"] == 1 and device["capabilities"] == ["gpu"]
+    # every node runs submitted code in the sandbox, which needs user namespaces
+    assert all("seccomp:unconfined" in s["security_opt"] for s in (head, worker))
+    assert "ports" not in services["postgres"]  # only the service reaches the database
+    # without the profile, `docker compose up` starts the single-host service alone
+    assert {name for name, s in services.items() if "ray" not in s.get("profiles", [])} == {"kernelloop"}

@@ -3,11 +3,18 @@ jobs queued and running comes back and accounts for every one of them; a cancell
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from server_fixtures import QUICK_EVAL, QUICK_TEST, ServiceProcess, python_conv, scaled_relu_problem, submission
+from server_fixtures import (
+    QUICK_EVAL,
+    QUICK_TEST,
+    ServiceProcess,
+    python_conv,
+    scaled_relu_problem,
+    submission,
+    wait_for,
+)
 
 
 def test_ten_concurrent_submissions_none_lost() -> None:
@@ -41,16 +48,6 @@ def test_ten_concurrent_submissions_none_lost() -> None:
         service.stop()
 
 
-def _wait_for(predicate, timeout_s: float = 120.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_killed_service_accounts_for_every_job_after_restart() -> None:
     service = ServiceProcess("restart", cpu_workers=1).start()
     slow = python_conv("import time\ntime.sleep(6)")
@@ -63,7 +60,7 @@ def test_a_killed_service_accounts_for_every_job_after_restart() -> None:
                 ).json()
                 for i in range(3)
             ]
-            _wait_for(
+            wait_for(
                 lambda: api.get(f"/v1/jobs/{running['id']}").json()["status"] == "running",
                 what="the first job to start",
             )
@@ -87,7 +84,7 @@ def test_a_killed_service_accounts_for_every_job_after_restart() -> None:
                 jobs = [api.get(f"/v1/jobs/{i}").json() for i in every]
                 return jobs if all(j["status"] == "finished" for j in jobs) else None
 
-            jobs = _wait_for(all_finished, what="every job to finish after the restart")
+            jobs = wait_for(all_finished, what="every job to finish after the restart")
             assert [j["outcome"] for j in jobs] == ["passed"] * 4
             assert [j["interruptions"] for j in jobs] == [1, 0, 0, 0]
             events = api.get(f"/v1/jobs/{running['id']}/events").text
@@ -119,7 +116,7 @@ def test_problem_checks_queue_on_the_cpu_lanes() -> None:
             answers = pool.map(register, range(2))
             with service.client() as api:
                 # one lane: one check runs, the other waits in line and is counted
-                waiting = _wait_for(
+                waiting = wait_for(
                     lambda: api.get("/v1/devices").json()["queue"]["problem_checks"] >= 1,
                     timeout_s=30,
                     what="a problem check waiting for the CPU lane",
@@ -145,12 +142,12 @@ def test_a_cancel_ends_a_queued_job_at_once_and_a_running_one_after_its_step() -
             def job(job_id: int) -> dict:
                 return api.get(f"/v1/jobs/{job_id}").json()
 
-            _wait_for(lambda: job(running["id"])["status"] == "running", what="the evaluation to start")
+            wait_for(lambda: job(running["id"])["status"] == "running", what="the evaluation to start")
             gone = api.post(f"/v1/jobs/{queued['id']}/cancel").json()
             assert gone["status"] == "failed" and "cancelled by" in gone["note"] and gone["results"] == [], gone
             asked = api.post(f"/v1/jobs/{running['id']}/cancel").json()
             assert asked["status"] in ("running", "queued", "failed") and "cancel" in asked["note"], asked
-            ended = _wait_for(
+            ended = wait_for(
                 lambda: (j := job(running["id"]))["status"] in ("finished", "failed") and j, 60, "the cancelled job"
             )
             assert ended["status"] == "failed" and "cancelled" in ended["note"], ended

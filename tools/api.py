@@ -76,6 +76,12 @@ def benchmark(
     return cast(BenchmarkResult, run_phase("benchmark", problem, code, backend, options, settings, on_progress))
 
 
+def build_key(code: str, backend: Backend, settings: SandboxSettings) -> str:
+    """The build cache's key for this code on this host's toolchain: what another host's build must match."""
+    fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list, settings.cache_dir)
+    return build_cache.cache_key(code, backend, fingerprint)
+
+
 def run_phase(
     phase: Phase,
     problem: ProblemSpec | str,

@@ -106,6 +106,38 @@ def publish(cache_dir: Path, key: str, build_dir: Path) -> bool:
     return True
 
 
+def export(cache_dir: Path, key: str) -> dict[str, bytes] | None:
+    """The published build's files (relative path -> content), each checked against the manifest, for another
+    host's cache (`adopt`); None when the key is not published or a file no longer matches."""
+    entry = entry_path(cache_dir, key)
+    try:
+        manifest: dict[str, str] = json.loads((entry / MANIFEST).read_text())
+        files = {relative: (entry / relative).read_bytes() for relative in manifest}
+    except (OSError, ValueError):
+        return None
+    if any(hashlib.sha256(data).hexdigest() != manifest[relative] for relative, data in files.items()):
+        return None
+    return files
+
+
+def adopt(cache_dir: Path, key: str, files: dict[str, bytes]) -> bool:
+    """Publish a build another host exported under the same key (its toolchain's fingerprint is part of the
+    key, so the build fits this host). False when the key is already published here, when a path would leave
+    the build's folder, or when the files hold no finished build."""
+    if is_published(cache_dir, key):
+        return False
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".adopt-{key[:12]}-", dir=cache_dir) as scratch:
+        root = Path(scratch).resolve()
+        for relative, data in files.items():
+            target = (root / relative).resolve()
+            if not target.is_relative_to(root) or target == root:
+                return False
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        return publish(cache_dir, key, root)
+
+
 def mark_built(build_dir: Path) -> None:
     (build_dir / BUILT_MARKER).touch()
 

@@ -14,6 +14,7 @@ change torch's headers).
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import json
 import logging
@@ -90,12 +91,15 @@ def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = Non
     when the compiler cannot (the reason is logged): builds then parse the header in full.
 
     Each variant takes a core and about 1.7 GB for half a minute, so they run a few at a time (a quarter of
-    the cores), at low priority, and die with this process rather than outlive it."""
+    the cores), at low priority, and die with this process rather than outlive it. One process of the host
+    builds them (a lock file beside them: every Ray worker process of a node asks); the others wait, then
+    find them built."""
     target = folder(settings)
-    with _building:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _building, open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / f"{HEADER}.gch").is_dir():
             return target
-        target.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_staging(target.parent)
         try:
             flags = torch_flags()

@@ -206,7 +206,7 @@ class ObjectCompiler:
             if done.returncode != 0 or built.is_symlink() or not built.is_file():
                 log.info("object cache: %s did not compile on the host; not kept", request.key[:12])
                 return
-            staged = self.target / f".{request.key}.o.partial"
+            staged = self.target / f".{request.key}.o.{os.getpid()}.partial"  # several processes may keep objects
             shutil.copyfile(built, staged)
             staged.chmod(0o444)
             os.replace(staged, self.target / f"{request.key}.o")

@@ -16,7 +16,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     from kernelloop.server.app import ConfigError, create_app
 
-    settings = service_settings(args, host=args.host, port=args.port, cpu_workers=args.cpu_workers)
+    settings = service_settings(
+        args,
+        host=args.host,
+        port=args.port,
+        cpu_workers=args.cpu_workers,
+        executor=args.executor,
+        ray_address=args.ray_address,
+    )
     if settings.api_token is None and not is_loopback(settings.host):
         print(
             f"kernelloop serve: refusing to listen on {settings.host} without an API token: set "
@@ -44,11 +51,21 @@ def _serve(args: argparse.Namespace) -> int:
         )
     print(
         f"kernelloop: database {describe_url(settings.resolved_database_url)}; "
-        f"data folder {settings.data_dir.resolve()}",
+        f"data folder {settings.data_dir.resolve()}; steps run {_where_steps_run(app)}",
         flush=True,
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5)
     return 0
+
+
+def _where_steps_run(app: object) -> str:
+    service = getattr(getattr(app, "state", None), "service", None)
+    if service is None or service.executor.name == "local":
+        return "on this host"
+    nodes = service.executor.nodes()
+    alive = [node for node in nodes if node.alive]
+    gpus = sum(node.gpus for node in alive)
+    return f"on a Ray cluster of {len(alive)} nodes ({gpus:g} GPUs)"
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -57,5 +74,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, help="default 8000")
     serve.add_argument("--db", help="database: a SQLite file inside the data folder, or a SQLAlchemy URL")
     serve.add_argument("--data-dir", help="data folder: database, build cache, job folders (default .kernelloop)")
-    serve.add_argument("--cpu-workers", type=int, help="parallel CPU jobs (default: one per core)")
+    serve.add_argument(
+        "--cpu-workers", type=int, help="parallel CPU jobs (default: one per core, or per CPU of the Ray cluster)"
+    )
+    serve.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        help="where steps run: local (this host's sandboxed workers, the default) or ray (KERNELLOOP_EXECUTOR)",
+    )
+    serve.add_argument("--ray-address", help="the Ray cluster for --executor ray (default: RAY_ADDRESS)")
     serve.set_defaults(handler=_serve)

@@ -51,12 +51,14 @@ def _health(service: Service) -> Health:
         queue=QueueDepth(**depth, problem_checks=service.scheduler.cpu_work_waiting()),
         problems=names,
         uptime_s=round(time.monotonic() - service.started, 1),
+        executor=service.executor.name,
+        nodes=service.executor.nodes(),
     )
 
 
 @router.get("/health", response_model=Health)
 async def health(service: ServiceDep) -> Health:
-    """The service answers, its database answers; versions, sandbox, lanes, queue depth."""
+    """The service answers, its database answers; versions, sandbox, lanes, queue depth, the hosts that run steps."""
     return await asyncio.to_thread(_health, service)
 
 
@@ -70,12 +72,19 @@ def _devices(service: Service) -> DevicesReport:
         for lane in service.scheduler.lanes
     ]
     waiting = service.scheduler.cpu_work_waiting()
-    return DevicesReport(gpus=gpu_inventory(), lanes=lanes, queue=QueueDepth(**depth, problem_checks=waiting))
+    return DevicesReport(
+        gpus=gpu_inventory(),
+        lanes=lanes,
+        queue=QueueDepth(**depth, problem_checks=waiting),
+        executor=service.executor.name,
+        nodes=service.executor.nodes(),
+    )
 
 
 @router.get("/devices", response_model=DevicesReport)
 async def devices(service: ServiceDep) -> DevicesReport:
-    """The GPUs (memory, utilization), every lane and the job it runs, and how many jobs wait for each kind."""
+    """The GPUs (memory, utilization), every lane and the job it runs, how many jobs wait for each kind, and the
+    hosts (Ray nodes under the Ray executor) with their CPUs and GPUs."""
     return await asyncio.to_thread(_devices, service)
 
 
