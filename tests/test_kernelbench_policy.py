@@ -350,3 +350,51 @@ def test_the_precision_option_casts_inputs_and_both_models_and_fits_the_toleranc
     assert result.tolerance is not None and result.tolerance.atol == 1e-2
     text = result.message + " ".join(c.message for c in result.checks) + str(result.tolerance)
     assert status == Status.passed or words in text, text
+
+
+# ---- a reference that misses its own truth -------------------------------------------------------------------------
+
+# Adding and taking away 1e6 in fp32 keeps about one decimal place of x: the fp32 reference misses its float64 truth
+# by ~1e-2 x max|truth|, as a long fp32 reduction loses the low bits of its terms (KernelBench's matrix-vector).
+LOSSY = """
+import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return (x + 1e6) - 1e6
+
+def get_inputs():
+    return [torch.randn(8, 256)]
+
+def get_init_inputs():
+    return []
+"""
+LOSSY_CANDIDATE = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return (x + 1e6) - 1e6{wrong}
+"""
+
+
+@pytest.mark.parametrize(
+    "wrong, as_kernelbench",
+    [("", Status.passed), (" + 0.5", Status.wrong_result)],
+    ids=["same-fp32-arithmetic", "off-by-half"],
+)
+def test_a_reference_that_misses_its_own_truth_is_judged_by_kernelbench_alone(
+    kl, tmp_path: Path, wrong: str, as_kernelbench: Status
+) -> None:
+    problem = _problem(tmp_path, "lossy_reference", LOSSY)
+    code = LOSSY_CANDIDATE.format(wrong=wrong)
+
+    kernelbench = _test(kl, problem, code, "kernelbench")
+    strict = _test(kl, problem, code, "strict")
+
+    assert kernelbench.status == as_kernelbench, kernelbench.message
+    # against the truth, right and wrong alike are the problem's failure, never counted against the kernel
+    assert strict.status == Status.sandbox_error, strict.message
+    assert "reference's own error" in strict.message and "--policy kernelbench" in strict.message
+    assert counted(problem, strict).correct is None
+    assert strict.checks[0].verdicts.get("kernelbench") == as_kernelbench  # what KernelBench would have said
