@@ -157,6 +157,26 @@ def test_a_build_is_shipped_to_the_node_that_runs_the_next_step(cluster: RayClus
     assert (other_data / "build-cache" / built.cache_key[:2] / built.cache_key / ".manifest.json").is_file()
 
 
+def test_a_service_killed_mid_step_runs_its_ray_job_once_after_the_restart(
+    service: ServiceProcess, cluster: RayCluster
+) -> None:
+    slow = python_conv(f"import time\ntime.sleep(6)  # {time.time()}")
+    with service.client() as api:
+        job = api.post("/v1/compile", params={"wait": "false"}, json=submission(code=slow)).json()
+        before = cluster.node_job_folders()
+        wait_for(lambda: cluster.node_job_folders() - before, what="the job to start on the worker node")
+    service.kill()  # SIGKILL: Ray ends the tasks of the driver that died with it
+    service.start(timeout_s=120)
+    with service.client() as api:
+        done = wait_for(
+            lambda: (s := api.get(f"/v1/jobs/{job['id']}").json())["status"] == "finished" and s,
+            what="the job to finish after the restart",
+        )
+        attempt = api.get(f"/v1/attempts/{job['attempt_id']}").json()
+    assert done["outcome"] == "passed" and done["interruptions"] == 1, done
+    assert len(attempt["evaluations"]) == 1  # one verdict: the killed service's task left none behind
+
+
 def test_a_job_whose_node_dies_is_queued_again_once_then_ends(service: ServiceProcess, cluster: RayCluster) -> None:
     slow = python_conv(f"import time\ntime.sleep(20)  # {time.time()}")  # a compile that takes its time
     with service.client() as api:
