@@ -170,19 +170,29 @@ class Scheduler:
             self._end_if_cancelled(job_id, job.status)
             if job.status == JobStatus.queued.value:
                 self.wake()
-        except StepLost as lost:  # its node died: the step never ran to a verdict, so it runs again (once)
-            log.warning("job %d lost its step on lane %s: %s", job_id, lane.name, lost)
-            if queue.requeue_lost(self.engine, job_id, max_interruptions=self.max_interruptions, reason=str(lost)):
-                self.wake()
-        except Exception as exc:  # the service's fault, never the submission's: keep the job, failed
-            log.exception("job %d failed in the service on lane %s", job_id, lane.name)
-            try:
-                queue.fail_job(self.engine, job_id, f"the service could not run it: {type(exc).__name__}: {exc}")
-            except Exception:
-                log.exception("job %d: could not record the failure", job_id)
+        except Exception as exc:
+            self._step_failed(lane, job_id, exc)
         finally:
             self._busy[lane.name] = None
             self.hub.notify(job_id)
+
+    def _step_failed(self, lane: Lane, job_id: int, exc: Exception) -> None:
+        """The step gave no verdict. When the service is stopping, that is its own doing (an executor that lets go
+        of its cluster ends the steps in flight): the job is left running, for the shutdown to queue it again
+        uncounted. A lost step runs again (once); anything else is the service's fault, kept as a failed job."""
+        if self._stopping.is_set():
+            log.info("job %d: its step ended with the service (%s); it is queued again", job_id, exc)
+            return
+        if isinstance(exc, StepLost):  # its node died: the step never ran to a verdict
+            log.warning("job %d lost its step on lane %s: %s", job_id, lane.name, exc)
+            if queue.requeue_lost(self.engine, job_id, max_interruptions=self.max_interruptions, reason=str(exc)):
+                self.wake()
+            return
+        log.error("job %d failed in the service on lane %s", job_id, lane.name, exc_info=exc)
+        try:  # the service's fault, never the submission's: keep the job, failed
+            queue.fail_job(self.engine, job_id, f"the service could not run it: {type(exc).__name__}: {exc}")
+        except Exception:
+            log.exception("job %d: could not record the failure", job_id)
 
     def _progress(self, job_id: int, partial: PhaseResult) -> None:
         try:  # called on the sandbox's reader thread: an exception here must not stop it reading

@@ -35,7 +35,7 @@ from kernelloop.tools.settings import SandboxSettings
 # A service starts each lane's next worker ahead (two torch imports), and precompiles torch's headers (minutes of
 # a core); on a 2-core runner both would compete with the tests' own jobs, so services under test do neither
 # unless a test asks (test_worker_start.py, test_header_cache.py). Environments built for subprocesses keep these.
-QUIET_SERVICE_ENV = {"KERNELLOOP_PRESTART_WORKERS": "0"}
+QUIET_SERVICE_ENV = {"KERNELLOOP_PRESTART_WORKERS": "0", "KERNELLOOP_PRECOMPILED_HEADERS": "false"}
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # the Ray tests' cluster reports nowhere
 for _name, _value in QUIET_SERVICE_ENV.items():
     os.environ.setdefault(_name, _value)
@@ -261,50 +261,21 @@ def workspace(session_root: Path) -> Workspace:
     return Workspace(root=session_root, settings=settings)
 
 
-SESSION_HEADER_VARIANTS = {"O3": ["-O3"], "O2": ["-O2"], "O0": []}
-"""what the tests' C++ builds compile with: the examples and helpers -O3, the CUDA templates' bindings -O2, the rest
-torch's default"""
-
-
-@pytest.fixture(scope="session", autouse=True)
-def session_headers() -> Path | None:
-    """torch/extension.h precompiled once, before the first test, in the shared build cache: every C++ build of the
-    session (sandboxed jobs, the services' and commands' too) then parses it in seconds instead of 10-20 s each,
-    as on a host with room. None if the compiler cannot: builds then parse the header in full, as before."""
-    from kernelloop.tools import header_cache
-
-    settings = SandboxSettings(data_dir=_session_root() / "headers-data", build_cache_dir=shared_build_cache())
-    return header_cache.build(settings, SESSION_HEADER_VARIANTS, at_once=2)
-
-
 @pytest.fixture(scope="session")
-def kl(workspace: Workspace, session_headers: Path | None) -> Session:
-    """The session's data dir and the built C++ helper extension (through the precompiled header's compiler
-    wrapper, as sandboxed builds are)."""
+def kl(workspace: Workspace) -> Session:
+    """The session's data dir and the built C++ helper extension."""
     from torch.utils.cpp_extension import load_inline
-
-    from kernelloop.tools import header_cache
 
     helper_dir = workspace.root / "helper"
     helper_dir.mkdir()
-    wrapper = header_cache.build_environment(session_headers) if session_headers is not None else {}
-    saved = {name: os.environ.get(name) for name in wrapper}
-    os.environ.update(wrapper)
-    try:
-        load_inline(
-            name=HELPER_NAME,
-            cpp_sources=HELPER_SOURCE,
-            functions=HELPER_FUNCTIONS,
-            extra_cflags=["-O3"],
-            build_directory=str(helper_dir),
-            verbose=False,
-        )
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    load_inline(
+        name=HELPER_NAME,
+        cpp_sources=HELPER_SOURCE,
+        functions=HELPER_FUNCTIONS,
+        extra_cflags=["-O3"],
+        build_directory=str(helper_dir),
+        verbose=False,
+    )
     assert (helper_dir / f"{HELPER_NAME}.so").is_file()
     return Session(root=workspace.root, settings=workspace.settings, helper_dir=helper_dir)
 

@@ -5,7 +5,6 @@ cache: a build whose C++ text did not change takes the object the host compiled,
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from conftest import CPU_EXAMPLE, PROBLEM
@@ -29,28 +28,22 @@ def _compile_seconds(settings: SandboxSettings, result: CompileResult, target: s
 
 
 @pytest.fixture(scope="module")
-def with_objects(tmp_path_factory: pytest.TempPathFactory) -> SandboxSettings:
-    """A cache of its own (its builds must really compile), with the compiler wrapper and no header variant: the
-    object cache needs the wrapper, not the headers."""
-    folder = tmp_path_factory.mktemp("with-objects")
-    settings = SandboxSettings(data_dir=folder, build_cache_dir=folder / "build-cache", precompiled_headers=True)
-    assert header_cache.build(settings, {}) is not None
-    return settings
+def with_headers(tmp_path_factory: pytest.TempPathFactory) -> SandboxSettings:
+    folder = tmp_path_factory.mktemp("with-headers")  # its own build cache: these builds must really compile
+    return SandboxSettings(data_dir=folder, build_cache_dir=folder / "build-cache", precompiled_headers=True)
 
 
-def test_a_cpp_build_uses_the_precompiled_torch_header(kl, session_headers, tmp_path: Path) -> None:
-    """The session's builds go through the headers conftest precompiled; a cache that never saw them parses
-    torch's headers in full."""
-    assert session_headers is not None and header_cache.ready(kl.settings) == session_headers
-    assert not (session_headers / "torch_extension.h.gch" / "O3.gch").stat().st_mode & 0o222  # shared: read-only
-    without = SandboxSettings(data_dir=tmp_path, build_cache_dir=tmp_path / "build-cache", precompiled_headers=False)
-    assert header_cache.ready(without) is None
+def test_a_cpp_build_uses_the_precompiled_torch_header(kl, with_headers: SandboxSettings) -> None:
+    folder = header_cache.build(with_headers, {"O3": ["-O3"]})  # the example builds with -O3
+    assert folder is not None and header_cache.ready(with_headers) == folder
+    assert header_cache.ready(kl.settings) is None  # the session's own builds go without
+    assert not (folder / "torch_extension.h.gch" / "O3.gch").stat().st_mode & 0o222  # shared: read-only
 
-    fast = api.compile_kernel(PROBLEM, CPU_EXAMPLE, "cpu", settings=kl.settings)  # the session's build, if made
-    slow = api.compile_kernel(PROBLEM, CPU_EXAMPLE, "cpu", settings=without)
+    fast = api.compile_kernel(PROBLEM, CPU_EXAMPLE, "cpu", settings=with_headers)
+    slow = api.compile_kernel(PROBLEM, CPU_EXAMPLE, "cpu", settings=kl.settings)  # the session's build, if made
 
     assert fast.status == slow.status == Status.passed, (fast.message, slow.message)
-    fast_s, slow_s = _compile_seconds(kl.settings, fast, "main.o"), _compile_seconds(without, slow, "main.o")
+    fast_s, slow_s = _compile_seconds(with_headers, fast, "main.o"), _compile_seconds(kl.settings, slow, "main.o")
     print(f"\nmain.o of the CPU example: {fast_s:.1f} s with the precompiled header, {slow_s:.1f} s without")
     assert fast_s < 0.7 * slow_s, (fast_s, slow_s)  # 11-16 s against 22-30 s on a 2-core machine
 
@@ -80,13 +73,14 @@ class ModelNew(nn.Module):
 """
 
 
-def test_an_unchanged_source_is_not_compiled_again(kl, with_objects: SandboxSettings) -> None:
-    if available_isolation(with_objects) != "bubblewrap":
+def test_an_unchanged_source_is_not_compiled_again(kl, with_headers: SandboxSettings) -> None:
+    if available_isolation(with_headers) != "bubblewrap":
         pytest.skip("the host compiles objects only under bubblewrap")
-    object_cache.start(with_objects)
-    kept = object_cache.folder(with_objects)
-    assert object_cache.ready(with_objects) == kept
-    first = api.compile_kernel(PROBLEM, TWO_SOURCES.replace("REVISION", "1.0f"), "cpu", settings=with_objects)
+    assert header_cache.ready(with_headers) is not None, "the test above builds the headers"
+    object_cache.start(with_headers)
+    kept = object_cache.folder(with_headers)
+    assert object_cache.ready(with_headers) == kept
+    first = api.compile_kernel(PROBLEM, TWO_SOURCES.replace("REVISION", "1.0f"), "cpu", settings=with_headers)
     assert first.status == Status.passed, (first.message, first.log[-2000:])
     deadline = time.monotonic() + OBJECT_DEADLINE_S
     while len(list(kept.glob("*.o"))) < 2 and time.monotonic() < deadline:
@@ -94,9 +88,9 @@ def test_an_unchanged_source_is_not_compiled_again(kl, with_objects: SandboxSett
     objects = {path.read_bytes(): path for path in kept.glob("*.o")}
     assert len(objects) == 2 and all(not p.stat().st_mode & 0o222 for p in objects.values())  # the host's, read-only
 
-    second = api.compile_kernel(PROBLEM, TWO_SOURCES.replace("REVISION", "3.0f"), "cpu", settings=with_objects)
+    second = api.compile_kernel(PROBLEM, TWO_SOURCES.replace("REVISION", "3.0f"), "cpu", settings=with_headers)
     assert second.status == Status.passed and second.cache_key != first.cache_key, second.message
-    entry = with_objects.cache_dir / second.cache_key[:2] / second.cache_key
+    entry = with_headers.cache_dir / second.cache_key[:2] / second.cache_key
     (helper,) = entry.rglob("helper.o")
     (changed,) = entry.rglob("entry.o")
     assert helper.read_bytes() in objects  # the unchanged source: the host's object, not compiled again

@@ -86,12 +86,9 @@ def ready(settings: SandboxSettings) -> Path | None:
     return path if os.access(path / WRAPPER, os.X_OK) and (path / f"{HEADER}.gch").is_dir() else None
 
 
-def build(
-    settings: SandboxSettings, variants: dict[str, list[str]] | None = None, at_once: int | None = None
-) -> Path | None:
-    """Build this toolchain's precompiled headers unless they exist (`variants`, default all of VARIANTS; `at_once`
-    of them at a time, default a quarter of the cores). None when the compiler cannot (the reason is logged):
-    builds then parse the header in full.
+def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = None) -> Path | None:
+    """Build this toolchain's precompiled headers unless they exist (`variants`, default all of VARIANTS). None
+    when the compiler cannot (the reason is logged): builds then parse the header in full.
 
     Each variant takes a core and about 1.7 GB for half a minute, so they run a few at a time (a quarter of
     the cores), at low priority, and die with this process rather than outlive it. One process of the host
@@ -111,7 +108,7 @@ def build(
             return None
         staging = Path(tempfile.mkdtemp(prefix=".headers-", dir=target.parent))
         try:
-            failure = _compile_variants(staging, flags, VARIANTS if variants is None else variants, at_once)
+            failure = _compile_variants(staging, flags, variants or VARIANTS)
             if failure:
                 log.warning("no precompiled torch headers (builds parse them in full): %s", failure)
                 return None
@@ -124,9 +121,7 @@ def build(
     return target
 
 
-def _compile_variants(
-    staging: Path, flags: list[str], variants: dict[str, list[str]], at_once: int | None = None
-) -> str | None:
+def _compile_variants(staging: Path, flags: list[str], variants: dict[str, list[str]]) -> str | None:
     """Compile each variant into `staging`; the first failure's message, or None."""
     (staging / HEADER).write_text("#include <torch/extension.h>\n")
     (staging / f"{HEADER}.gch").mkdir()
@@ -134,7 +129,7 @@ def _compile_variants(
     shutil.copyfile(WRAPPER_SOURCE, staging / WRAPPER)
     compiler = os.environ.get("CXX", "c++")
     pending = list(variants.items())
-    at_once = at_once or max(1, (os.cpu_count() or 1) // 4)
+    at_once = max(1, (os.cpu_count() or 1) // 4)
     while pending:
         batch, pending = pending[:at_once], pending[at_once:]
         jobs = [
