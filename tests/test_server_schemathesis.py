@@ -49,7 +49,7 @@ def test_schemathesis_with_every_check_finds_nothing() -> None:
                 "--header",
                 f"Authorization: Bearer {service.token}",
                 "--max-examples",
-                "12",
+                "6",
                 "--request-timeout",
                 "60",
                 "--workers",
