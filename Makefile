@@ -21,7 +21,7 @@ run: $(BIN)/.kernelloop-installed
 test: $(BIN)/.kernelloop-installed
 	$(BIN)/python -m pytest
 
-# The quality gate CI runs before the tests: lint, formatting and types.
+# The quality gate CI runs beside the tests: lint, formatting and types.
 check: $(BIN)/.kernelloop-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
