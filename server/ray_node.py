@@ -66,7 +66,7 @@ def node_settings() -> SandboxSettings:
     return settings
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=2)  # one pool for CPU steps, one for GPU steps, if Ray gives this process both
 def node_pool(has_gpu: bool) -> WorkerPool:
     """This Ray worker process's spare (one: a node has a Ray worker process per CPU it offers, and Ray mostly
     gives a lane's next step to the process that ran its last), with the node's headers and object cache,
