@@ -16,7 +16,6 @@ Tests that run the `kernelloop` command to completion do it through `run_kernell
 from __future__ import annotations
 
 import atexit
-import functools
 import os
 import shutil
 import subprocess
@@ -215,21 +214,26 @@ def run_kernelloop(
     )
 
 
-@functools.cache
-def shared_build_cache() -> Path:
-    """One build cache for the session's own builds and the services the tests start (test_server_*.py, after
-    test_build_cache.py has built the CPU example into it): a kernel built once is not built again by each."""
-    path = _session_root() / "build-cache"
-    atexit.register(shutil.rmtree, path.parent, True)
-    return path
-
-
-def _session_root() -> Path:
+def _make_test_root() -> Path:
     """Outside /tmp where possible: a sandbox may give the worker its own /tmp."""
     for parent in ("/var/tmp", None):
         if parent is None or (os.path.isdir(parent) and os.access(parent, os.W_OK)):
             return Path(tempfile.mkdtemp(prefix="kernelloop-tests-", dir=parent)).resolve()
     raise AssertionError("unreachable")
+
+
+# One folder for the whole run. Under pytest-xdist the workers inherit it from the process that started them
+# (KERNELLOOP_TEST_ROOT), so their C++ helper and build cache are one; that process removes it at exit.
+if "KERNELLOOP_TEST_ROOT" not in os.environ:
+    os.environ["KERNELLOOP_TEST_ROOT"] = str(_make_test_root())
+    atexit.register(shutil.rmtree, os.environ["KERNELLOOP_TEST_ROOT"], True)
+TEST_ROOT = Path(os.environ["KERNELLOOP_TEST_ROOT"])
+
+
+def shared_build_cache() -> Path:
+    """One build cache for the run's own builds and the services the tests start (test_server_*.py, after
+    test_build_cache.py has built the CPU example into it): a kernel built once is not built again by each."""
+    return TEST_ROOT / "build-cache"
 
 
 # Every service and command the tests start in this process or below builds into the same cache: the agent
@@ -239,7 +243,9 @@ os.environ.setdefault("KERNELLOOP_BUILD_CACHE_DIR", str(shared_build_cache()))
 
 @pytest.fixture(scope="session")
 def session_root():
-    root = _session_root()
+    """This test process's own folder (one per pytest-xdist worker): data folders and databases do not mix."""
+    root = TEST_ROOT / os.environ.get("PYTEST_XDIST_WORKER", "main")
+    root.mkdir(exist_ok=True)
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
@@ -254,7 +260,7 @@ class Workspace:
 def workspace(session_root: Path) -> Workspace:
     """A fresh data dir for the session: the build cache starts empty."""
     # the candidates built on the test helpers (C++, and CUDA on a GPU) import them from these folders: shown read-only
-    shown = [session_root / "helper", session_root / "gpu-kernels"]
+    shown = [TEST_ROOT / "helper", session_root / "gpu-kernels"]
     settings = SandboxSettings(
         data_dir=session_root / "data", sandbox_read_only_paths=shown, build_cache_dir=shared_build_cache()
     )
@@ -266,8 +272,8 @@ def kl(workspace: Workspace) -> Session:
     """The session's data dir and the built C++ helper extension."""
     from torch.utils.cpp_extension import load_inline
 
-    helper_dir = workspace.root / "helper"
-    helper_dir.mkdir()
+    helper_dir = TEST_ROOT / "helper"  # shared by the run's processes: torch's own lock builds it once
+    helper_dir.mkdir(exist_ok=True)
     load_inline(
         name=HELPER_NAME,
         cpp_sources=HELPER_SOURCE,

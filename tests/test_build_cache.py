@@ -1,6 +1,8 @@
 """The build cache and the CPU benchmark, on the shipped CPU example: built once by two concurrent jobs, then reused.
 
-The example is new to the session's cache when the module's fixture builds it; every test here reads that build.
+The module has a build cache of its own, so the example is new to it when the module's fixture builds it (the
+run's shared cache may hold it already: under pytest-xdist another process may have built it); every test here
+reads that build.
 """
 
 from __future__ import annotations
@@ -14,15 +16,22 @@ from kernelloop.tools import api, build_cache
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import Status
+from kernelloop.tools.settings import SandboxSettings
 
 
 @pytest.fixture(scope="module")
-def concurrent_cpu_example_builds(kl):
-    """The shipped CPU example, new to this session's cache, compiled by two jobs at once."""
+def settings(workspace) -> SandboxSettings:
+    """The session's settings with an empty build cache of this module's own."""
+    return workspace.settings.model_copy(update={"build_cache_dir": workspace.root / "build-cache-of-test_build_cache"})
+
+
+@pytest.fixture(scope="module")
+def concurrent_cpu_example_builds(settings):
+    """The shipped CPU example, new to the module's cache, compiled by two jobs at once."""
     results: list = [None, None]
 
     def compile_into(i: int) -> None:
-        results[i] = api.compile_kernel(PROBLEM, CPU_EXAMPLE, "cpu", settings=kl.settings)
+        results[i] = api.compile_kernel(PROBLEM, CPU_EXAMPLE, "cpu", settings=settings)
 
     threads = [threading.Thread(target=compile_into, args=(i,)) for i in range(2)]
     for t in threads:
@@ -32,7 +41,7 @@ def concurrent_cpu_example_builds(kl):
     return results
 
 
-def test_two_concurrent_builds_of_one_source_both_pass_and_build_once(kl, concurrent_cpu_example_builds):
+def test_two_concurrent_builds_of_one_source_both_pass_and_build_once(settings, concurrent_cpu_example_builds):
     first, second = concurrent_cpu_example_builds
     assert first.status == second.status == Status.passed, (first.message, second.message)
     assert first.cache_key == second.cache_key
@@ -42,7 +51,7 @@ def test_two_concurrent_builds_of_one_source_both_pass_and_build_once(kl, concur
     built = second if first.cache_hit else first
     assert waited.build_seconds is not None and built.build_seconds is not None
     assert waited.build_seconds < built.build_seconds / 3, (waited.build_seconds, built.build_seconds)
-    entry = kl.settings.cache_dir / first.cache_key[:2] / first.cache_key
+    entry = settings.cache_dir / first.cache_key[:2] / first.cache_key
     assert len(list(entry.rglob("*.so"))) == 1
     # ninja logs every command it runs: the C++ file was compiled by one of the two jobs only
     ninja_logs = list(entry.rglob(".ninja_log"))
@@ -51,8 +60,8 @@ def test_two_concurrent_builds_of_one_source_both_pass_and_build_once(kl, concur
     assert len(compiles) == 1, ninja_logs[0].read_text()
 
 
-def test_cpu_example_passes_and_second_compile_hits_the_cache(kl, concurrent_cpu_example_builds):
-    result = api.run_tests(PROBLEM, CPU_EXAMPLE, "cpu", EvalOptions(seeds=1), kl.settings)
+def test_cpu_example_passes_and_second_compile_hits_the_cache(settings, concurrent_cpu_example_builds):
+    result = api.run_tests(PROBLEM, CPU_EXAMPLE, "cpu", EvalOptions(seeds=1), settings)
 
     assert result.status == Status.passed, result.message
     assert [c.shape for c in result.checks] == cpu_correctness_shapes()
@@ -60,9 +69,9 @@ def test_cpu_example_passes_and_second_compile_hits_the_cache(kl, concurrent_cpu
     assert result.compile.cache_key == concurrent_cpu_example_builds[0].cache_key
 
 
-def test_cpu_benchmark_reports_timings_and_speedup(kl, concurrent_cpu_example_builds):
+def test_cpu_benchmark_reports_timings_and_speedup(settings, concurrent_cpu_example_builds):
     options = EvalOptions(min_samples=5, time_budget_s=3.0)  # the example takes ~0.35 s a call: 5 fit
-    result = api.benchmark(PROBLEM, CPU_EXAMPLE, "cpu", options, kl.settings)
+    result = api.benchmark(PROBLEM, CPU_EXAMPLE, "cpu", options, settings)
 
     assert result.status == Status.passed, result.message
     assert result.compile.cache_hit
