@@ -80,6 +80,11 @@ class SandboxSettings(BaseSettings):
         description="with precompiled headers: a C++ source whose preprocessed text and options were built before "
         "is not compiled again (the host compiles each new one once, in a sandbox of its own)",
     )
+    parallel_nvcc: bool = Field(
+        True,
+        description="builds run a .cu's host and device front ends at the same time (tools/nvcc_parallel.py): a .cu "
+        "that includes torch/extension.h compiles in about two thirds of nvcc's time; false: nvcc itself",
+    )
     worker_gpus: str | None = Field(
         None, description="CUDA_VISIBLE_DEVICES for sandboxed workers ('' hides every GPU); None: inherit"
     )

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from kernelloop.tools.settings import SandboxSettings
+
+NVCC_DRIVER = Path(__file__).resolve().parent / "nvcc_parallel.py"
 
 
 @lru_cache(maxsize=1)
@@ -71,6 +74,8 @@ def build_environment(settings: SandboxSettings) -> dict[str, str]:
     home = cuda_home()
     if home:
         env["CUDA_HOME"] = home
+        if settings.parallel_nvcc:  # torch's JIT builds call this instead of nvcc
+            env["PYTORCH_NVCC"] = shlex.join([sys.executable, "-I", str(NVCC_DRIVER), str(Path(home, "bin", "nvcc"))])
     # Searched after the toolkit's own headers (as -isystem), so they only fill in what it lacks.
     includes = wheel_include_dirs()
     if includes:
