@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import CPU_EXAMPLE, PROBLEM
+from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM
 
 from kernelloop.tools import api, header_cache, object_cache
 from kernelloop.tools.results import CompileResult, Status
@@ -33,9 +33,25 @@ def with_headers(tmp_path_factory: pytest.TempPathFactory) -> SandboxSettings:
     return SandboxSettings(data_dir=folder, build_cache_dir=folder / "build-cache", precompiled_headers=True)
 
 
+# The CPU example with a line of its own in the C++ source: a build of its own, made before the headers exist.
+EARLY_EXAMPLE = CPU_EXAMPLE.replace(
+    "#include <torch/extension.h>\n", "#include <torch/extension.h>\n// built before the headers were\n", 1
+)
+
+
 def test_a_cpp_build_uses_the_precompiled_torch_header(kl, with_headers: SandboxSettings) -> None:
+    # Builds use the compiler wrapper from the start, before the headers are built: one made then is not built
+    # again when a step loads it after they are (the compiler's name in build.ninja is the same).
+    wrapper_only = header_cache.ready(with_headers)
+    assert wrapper_only is not None and not (wrapper_only / "torch_extension.h.gch").exists()
+    early = api.compile_kernel(PROBLEM, EARLY_EXAMPLE, "cpu", settings=with_headers)
+    assert early.status == Status.passed and early.build_seconds is not None, early.message
+
     folder = header_cache.build(with_headers, {"O3": ["-O3"]})  # the example builds with -O3
-    assert folder is not None and header_cache.ready(with_headers) == folder
+    assert folder == wrapper_only and header_cache.ready(with_headers) == folder
+    tested = api.run_tests(PROBLEM, EARLY_EXAMPLE, "cpu", ONE_CHECK, with_headers)
+    assert tested.status == Status.passed and tested.compile.cache_hit, tested.message
+    assert tested.step_seconds["load"] < early.build_seconds / 4, (tested.step_seconds, early.build_seconds)
     assert header_cache.ready(kl.settings) is None  # the session's own builds go without
     assert not (folder / "torch_extension.h.gch" / "O3.gch").stat().st_mode & 0o222  # shared: read-only
 

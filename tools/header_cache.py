@@ -79,11 +79,47 @@ def folder(settings: SandboxSettings) -> Path:
 
 
 def ready(settings: SandboxSettings) -> Path | None:
-    """The folder, when its headers are built and the compiler wrapper can run; else None (builds go without)."""
-    path = folder(settings)
+    """The folder with the compiler wrapper (put in place on first use), whether or not the headers are built
+    yet; None when precompiled headers are off or the folder cannot be made (builds call the compiler itself).
+
+    Builds use the wrapper before the headers exist, and it compiles without them until they do: the compiler's
+    name is part of each command in build.ninja, and a build made under one name and loaded under another is
+    built again by the step that loads it (6-9 s of a GPU step, for every build made in the service's first
+    minute, before the headers were ready)."""
     if not settings.precompiled_headers:
         return None
-    return path if os.access(path / WRAPPER, os.X_OK) and (path / f"{HEADER}.gch").is_dir() else None
+    try:
+        return prepare(settings)
+    except OSError as exc:
+        log.warning("no compiler wrapper (builds call the compiler itself): %s", exc)
+        return None
+
+
+def prepare(settings: SandboxSettings) -> Path:
+    """Put this toolchain's folder in place with the compiler wrapper and the header's text, and no
+    precompiled header yet (`build` adds them)."""
+    target = folder(settings)
+    if os.access(target / WRAPPER, os.X_OK):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".headers-", dir=target.parent))
+    try:
+        (staging / HEADER).write_text("#include <torch/extension.h>\n")
+        (staging / WRAPPER).parent.mkdir()
+        shutil.copyfile(WRAPPER_SOURCE, staging / WRAPPER)
+        (staging / WRAPPER).chmod(0o555)
+        (staging / HEADER).chmod(0o444)
+        (staging / WRAPPER).parent.chmod(0o555)
+        staging.chmod(0o755)
+        try:
+            os.rename(staging, target)
+        except OSError:  # another process put it in place first
+            if not os.access(target / WRAPPER, os.X_OK):
+                raise
+    finally:
+        if staging.exists():
+            _remove(staging)
+    return target
 
 
 def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = None) -> Path | None:
@@ -93,12 +129,12 @@ def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = Non
     Each variant takes a core and about 1.7 GB for half a minute, so they run a few at a time (a quarter of
     the cores), at low priority, and die with this process rather than outlive it. One process of the host
     builds them (a lock file beside them: every Ray worker process of a node asks); the others wait, then
-    find them built."""
-    target = folder(settings)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    find them built. They appear at once, as one folder moved into place."""
+    target = prepare(settings)
+    gch = target / f"{HEADER}.gch"
     with _building, open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / f"{HEADER}.gch").is_dir():
+        if gch.is_dir():
             return target
         _remove_stale_staging(target.parent)
         try:
@@ -108,25 +144,22 @@ def build(settings: SandboxSettings, variants: dict[str, list[str]] | None = Non
             return None
         staging = Path(tempfile.mkdtemp(prefix=".headers-", dir=target.parent))
         try:
-            failure = _compile_variants(staging, flags, variants or VARIANTS)
+            failure = _compile_variants(staging, target / HEADER, flags, variants or VARIANTS)
             if failure:
                 log.warning("no precompiled torch headers (builds parse them in full): %s", failure)
                 return None
             for path in [*staging.rglob("*"), staging]:
-                path.chmod(0o555 if path.is_dir() or path == staging / WRAPPER else 0o444)
-            os.rename(staging, target)
+                path.chmod(0o555 if path.is_dir() else 0o444)
+            os.rename(staging, gch)
         finally:
             if staging.exists():
                 _remove(staging)
     return target
 
 
-def _compile_variants(staging: Path, flags: list[str], variants: dict[str, list[str]]) -> str | None:
-    """Compile each variant into `staging`; the first failure's message, or None."""
-    (staging / HEADER).write_text("#include <torch/extension.h>\n")
-    (staging / f"{HEADER}.gch").mkdir()
-    (staging / WRAPPER).parent.mkdir()
-    shutil.copyfile(WRAPPER_SOURCE, staging / WRAPPER)
+def _compile_variants(staging: Path, header: Path, flags: list[str], variants: dict[str, list[str]]) -> str | None:
+    """Compile each variant of `header` into `staging` (the folder that becomes HEADER.gch); the first
+    failure's message, or None."""
     compiler = os.environ.get("CXX", "c++")
     pending = list(variants.items())
     at_once = max(1, (os.cpu_count() or 1) // 4)
@@ -140,9 +173,9 @@ def _compile_variants(staging: Path, flags: list[str], variants: dict[str, list[
                     *variant,
                     "-x",
                     "c++-header",
-                    str(staging / HEADER),
+                    str(header),
                     "-o",
-                    str(staging / f"{HEADER}.gch" / f"{name}.gch"),
+                    str(staging / f"{name}.gch"),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
@@ -184,7 +217,7 @@ def _remove(path: Path) -> None:
 
 def build_in_background(settings: SandboxSettings) -> None:
     """Start `build` on a thread of its own, at low priority, when precompiled headers are asked for."""
-    if settings.precompiled_headers and not (folder(settings) / HEADER).is_file():
+    if settings.precompiled_headers and not (folder(settings) / f"{HEADER}.gch").is_dir():
         threading.Thread(target=build, args=(settings,), name="precompiled-headers", daemon=True).start()
 
 
