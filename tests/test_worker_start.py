@@ -101,6 +101,32 @@ def test_a_job_takes_the_worker_started_ahead_and_the_pool_ends_its_spares(works
     assert not list(workspace.settings.jobs_dir.glob("spare-*"))
 
 
+def test_two_jobs_back_to_back_both_start_warm(workspace, relu_problem) -> None:
+    """A kind keeps two spares: the second of two jobs run one after the other takes the spare started a job
+    earlier (ready), not the one its predecessor's start began (still importing torch)."""
+    pool = WorkerPool(max_spares=4)
+    options = EvalOptions(seeds=1)
+    try:
+        api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        deadline = time.monotonic() + 60
+        while len(pool) < 2 and time.monotonic() < deadline:  # both spares start in the background
+            time.sleep(0.1)
+        assert len(pool) == 2
+        time.sleep(4)  # and import torch in both of their processes
+        results = [
+            api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+            for _ in range(2)
+        ]
+    finally:
+        pool.close()
+    for result in results:
+        assert result.status == Status.passed, result.message
+        assert result.sandbox is not None and result.sandbox.prestarted
+        assert result.step_seconds["worker_start"] < 0.5, result.step_seconds
+    time.sleep(1)
+    assert _sandbox_processes(workspace.settings.jobs_dir) == []
+
+
 def test_a_spare_serves_only_jobs_of_its_kind(workspace, relu_problem, tmp_path: Path) -> None:
     """A worker shows one problem's folder read-only: a job for a problem kept elsewhere starts its own."""
     other_dir = tmp_path / "other"

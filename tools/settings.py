@@ -67,7 +67,7 @@ class SandboxSettings(BaseSettings):
     prestart_workers: int = Field(
         4,
         ge=0,
-        description="workers the service keeps started ahead of their jobs (one per lane and kind of job at most; "
+        description="workers the service keeps started ahead of their jobs (two per kind of job and lane at most; "
         "0: each job starts its own); only on a host with a GPU or 8 cores or more; the command line never does",
     )
     precompiled_headers: bool = Field(

@@ -2,10 +2,12 @@
 
 A worker's first seconds go to the sandbox, two interpreters and two imports of torch, none of which depends
 on the job. So as each job starts, a spare worker of the same kind (same module, same lane settings, same
-problem folder shown read-only) starts beside it, and the next job of that kind takes it and starts at once. Each spare
-is used for one job and then ends, as any worker: a fresh process per job stays the rule, and nothing
-untrusted has run in a spare before its job arrives. A spare that no job takes is ended when the next spare
-of its kind replaces it, when the pool holds too many, or when the service stops.
+problem folder shown read-only) starts beside it, and a later job of that kind takes it and starts at once.
+Each kind keeps two: a GPU lane runs a test, then at once the benchmark of 2-3 s, then the next test, and a
+spare started as the benchmark began is not ready for that test yet (it needs 3-5 s), where the one started
+a step earlier is. Each spare is used for one job and then ends, as any worker: a fresh process per job stays
+the rule, and nothing untrusted has run in a spare before its job arrives. A spare that no job takes is ended
+when its kind has more than it keeps, when the pool holds too many, or when the service stops.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import logging
 import queue
 import shutil
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +43,13 @@ class Spare:
 
 
 class WorkerPool:
-    """At most one spare per kind and `max_spares` in all, started by one background thread."""
+    """At most `per_kind` spares of each kind and `max_spares` in all, started by one background thread."""
 
-    def __init__(self, max_spares: int):
-        self.max_spares = max_spares
-        self._spares: OrderedDict[SpareKind, Spare] = OrderedDict()
+    def __init__(self, max_spares: int, per_kind: int = 2):
+        self.max_spares, self.per_kind = max_spares, per_kind
+        self._spares: list[tuple[SpareKind, Spare]] = []
+        """oldest first"""
+        self._starting: dict[SpareKind, int] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._requests: queue.SimpleQueue[tuple[SpareKind, Callable[[], Spare]] | None] = queue.SimpleQueue()
@@ -55,9 +58,10 @@ class WorkerPool:
         self._starter: threading.Thread | None = None
 
     def take(self, kind: SpareKind) -> Spare | None:
-        """The spare of this kind, if one is up and waiting; the caller then owns it."""
+        """The oldest spare of this kind, if one is up and waiting; the caller then owns it."""
         with self._lock:
-            spare = self._spares.pop(kind, None)
+            index = next((i for i, (k, _) in enumerate(self._spares) if k == kind), None)
+            spare = self._spares.pop(index)[1] if index is not None else None
         if spare is not None and not spare.worker.alive():
             log.warning("a spare worker ended before its job: %s", spare.worker.last_words())
             _end(spare)
@@ -65,14 +69,18 @@ class WorkerPool:
         return spare
 
     def refill(self, kind: SpareKind, start: Callable[[], Spare]) -> None:
-        """Start a spare of this kind in the background, replacing an older one of the same kind."""
+        """Start spares of this kind in the background until it has `per_kind`, counting those starting."""
         if self.max_spares <= 0 or self._closed:
             return
         with self._lock:
             if self._starter is None:
                 self._starter = threading.Thread(target=self._serve, name="spare-workers", daemon=True)
                 self._starter.start()
-        self._requests.put((kind, start))
+            have = sum(1 for k, _ in self._spares if k == kind) + self._starting.get(kind, 0)
+            wanted = max(0, min(self.per_kind, self.max_spares) - have)
+            self._starting[kind] = self._starting.get(kind, 0) + wanted
+        for _ in range(wanted):
+            self._requests.put((kind, start))
 
     def _serve(self) -> None:
         while (request := self._requests.get()) is not None:
@@ -80,20 +88,24 @@ class WorkerPool:
 
     def _start(self, kind: SpareKind, start: Callable[[], Spare]) -> None:
         try:
-            spare = start()
+            spare: Spare | None = start()
         except Exception:  # a spare is only a head start: the next job starts its own worker
             log.exception("could not start a spare worker")
-            return
+            spare = None
         ended: list[Spare] = []
         with self._lock:
+            self._starting[kind] -= 1
+            if spare is None:
+                return
             if self._closed:
                 ended.append(spare)
             else:
-                if kind in self._spares:
-                    ended.append(self._spares.pop(kind))
-                self._spares[kind] = spare
+                self._spares.append((kind, spare))
+                of_kind = [i for i, (k, _) in enumerate(self._spares) if k == kind]
+                if len(of_kind) > self.per_kind:
+                    ended.append(self._spares.pop(of_kind[0])[1])
                 while len(self._spares) > self.max_spares:
-                    ended.append(self._spares.popitem(last=False)[1])
+                    ended.append(self._spares.pop(0)[1])
         for old in ended:
             _end(old)
 
@@ -101,7 +113,7 @@ class WorkerPool:
         """End every spare; later refills start nothing."""
         with self._lock:
             self._closed = True
-            spares = list(self._spares.values())
+            spares = [spare for _, spare in self._spares]
             self._spares.clear()
         self._requests.put(None)
         for spare in spares:
