@@ -13,7 +13,7 @@ from kernelloop.tools import api
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemSpec, load_problem
 from kernelloop.tools.results import Status
-from kernelloop.tools.worker_pool import WorkerPool
+from kernelloop.tools.worker_pool import Spare, SpareKind, WorkerPool
 
 
 def test_the_runner_is_forked_from_the_judge_after_torch_with_nothing_of_the_judges_open() -> None:
@@ -147,3 +147,56 @@ def test_a_spare_serves_only_jobs_of_its_kind(workspace, relu_problem, tmp_path:
     # the candidate doubles; this problem triples: the judge used the right problem, in a worker of its own
     assert result.status == Status.wrong_result, result.message
     assert result.sandbox is not None and not result.sandbox.prestarted
+
+
+class _StandInWorker:
+    """What the pool calls on a worker, without a sandbox behind it."""
+
+    def __init__(self) -> None:
+        self.discarded = False
+
+    def alive(self) -> bool:
+        return not self.discarded
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
+def test_every_kind_keeps_its_first_spare_and_seconds_take_only_room(tmp_path: Path) -> None:
+    pool = WorkerPool(max_spares=4)
+    started: list[tuple[str, _StandInWorker]] = []
+
+    def starter(name: str):  # type: ignore[no-untyped-def]
+        def start() -> Spare:
+            worker = _StandInWorker()
+            started.append((name, worker))
+            return Spare(worker=worker, folder=tmp_path / f"{name}-{len(started)}")  # type: ignore[arg-type]
+
+        return start
+
+    kinds = {name: SpareKind(module=name, read_only=(), settings="{}") for name in ("cpu", "gpu0", "gpu1")}
+
+    def settle(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(started) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+
+    try:
+        pool.refill(kinds["cpu"], starter("cpu"))
+        settle(2)
+        assert len(pool) == 2  # a kind's first job: two spares
+        pool.refill(kinds["gpu0"], starter("gpu0"))
+        settle(4)
+        assert len(pool) == 4 and [n for n, _ in started] == ["cpu", "cpu", "gpu0", "gpu0"]
+        pool.refill(kinds["gpu1"], starter("gpu1"))  # no room: its first spare ends the oldest (a cpu one)
+        settle(5)
+        assert len(pool) == 4 and [n for n, w in started if w.discarded] == ["cpu"]
+        assert all(pool.take(kind) is not None for kind in kinds.values())  # each kind kept one
+        pool.refill(kinds["gpu0"], starter("gpu0"))  # gpu0 still has one and the pool has room for a second
+        settle(6)
+        assert [n for n, _ in started][-1] == "gpu0" and len(pool) == 2
+    finally:
+        pool.close()
+    # the three taken are their callers'; the evicted one and the two left at close() are ended
+    assert sum(w.discarded for _, w in started) == len(started) - 3 == 3

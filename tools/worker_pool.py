@@ -69,7 +69,8 @@ class WorkerPool:
         return spare
 
     def refill(self, kind: SpareKind, start: Callable[[], Spare]) -> None:
-        """Start spares of this kind in the background until it has `per_kind`, counting those starting."""
+        """Start spares of this kind in the background: one if it has none (the oldest spare of another kind
+        makes room), more up to `per_kind` while the pool has room (so every kind keeps its first)."""
         if self.max_spares <= 0 or self._closed:
             return
         with self._lock:
@@ -77,7 +78,8 @@ class WorkerPool:
                 self._starter = threading.Thread(target=self._serve, name="spare-workers", daemon=True)
                 self._starter.start()
             have = sum(1 for k, _ in self._spares if k == kind) + self._starting.get(kind, 0)
-            wanted = max(0, min(self.per_kind, self.max_spares) - have)
+            room = self.max_spares - len(self._spares) - sum(self._starting.values())
+            wanted = max(min(self.per_kind - have, room), 1 if have == 0 else 0)
             self._starting[kind] = self._starting.get(kind, 0) + wanted
         for _ in range(wanted):
             self._requests.put((kind, start))
