@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # Options that change what nvcc produces or how (relocatable code, other outputs, its own temporaries).
@@ -59,14 +59,20 @@ class Plan:
     """nvcc's commands for the compile, sorted by what they do."""
 
     environment: list[str]
+    """nvcc's variables (`NAME=value`), which its commands use"""
     steps: list[Step]
-    dependency_file: str | None = None
-    module_id_file: str = ""
-    host_preprocess: Step | None = None
-    preprocess: list[Step] = field(default_factory=list)
-    host_front_end: Step | None = None
-    device: list[Step] = field(default_factory=list)
-    after: list[Step] = field(default_factory=list)
+    """every command, in nvcc's order"""
+    dependency_file: str | None
+    """where nvcc writes the make rule of what the compile read (-MD -MF), if asked"""
+    module_id_file: str
+    preprocess: list[Step]
+    """the host's and each architecture's preprocessing"""
+    host_front_end: Step
+    """cudafe++"""
+    device: list[Step]
+    """cicc and ptxas of each architecture, in order"""
+    after: list[Step]
+    """fatbinary, then the host compiler"""
 
 
 def eligible(args: list[str]) -> bool:
@@ -119,14 +125,16 @@ def read_plan(dryrun: str) -> Plan | None:
     module_ids = {m for s in steps if s.kind in ("cudafe++", "cicc") for m in _MODULE_ID.findall(s.command)}
     if "--gen_module_id_file" not in front_end.command or len(module_ids) != 1:
         return None
-    plan = Plan(environment=environment, steps=steps, dependency_file=dependency_file)
-    plan.module_id_file = module_ids.pop()
-    plan.host_front_end = front_end
-    plan.host_preprocess = steps[kinds.index("host_preprocess")]
-    plan.preprocess = [s for s in steps if s.kind in ("host_preprocess", "device_preprocess")]
-    plan.device = [s for s in steps if s.kind in ("cicc", "ptxas")]
-    plan.after = [s for s in steps if s.kind in ("fatbinary", "host_compile")]
-    return plan
+    return Plan(
+        environment=environment,
+        steps=steps,
+        dependency_file=dependency_file,
+        module_id_file=module_ids.pop(),
+        preprocess=[s for s in steps if s.kind in ("host_preprocess", "device_preprocess")],
+        host_front_end=front_end,
+        device=[s for s in steps if s.kind in ("cicc", "ptxas")],
+        after=[s for s in steps if s.kind in ("fatbinary", "host_compile")],
+    )
 
 
 def merged_dependencies(target: str, makefiles: list[str]) -> str:
@@ -196,7 +204,7 @@ def compile_in_parallel(nvcc: str, args: list[str], scratch: Path) -> int | None
     dryrun = subprocess.run([nvcc, *args, "--dryrun", "--keep", "--keep-dir", str(scratch)], capture_output=True)
     printed = dryrun.stderr.decode(errors="replace")
     plan = read_plan(printed) if dryrun.returncode == 0 else None
-    if plan is None or plan.host_preprocess is None or plan.host_front_end is None:
+    if plan is None:
         return None
     for line in printed.splitlines():  # nvcc's own messages (a deprecated architecture, say), as it prints them
         if not line.startswith("#$ "):
@@ -211,7 +219,8 @@ def compile_in_parallel(nvcc: str, args: list[str], scratch: Path) -> int | None
     if plan.dependency_file is not None:
         lists = [(scratch / f"{s.index}.d").read_text() for s in plan.preprocess]
         Path(plan.dependency_file).write_text(merged_dependencies(target, lists))
-    host_text = _preprocessed_output(plan.host_preprocess.command)
+    host_preprocess = next(s for s in plan.preprocess if s.kind == "host_preprocess")
+    host_text = _preprocessed_output(host_preprocess.command)
     source = next(a for a in args if a.endswith(".cu"))
     Path(plan.module_id_file).write_text(module_id(os.path.abspath(source), host_text))
     plan.host_front_end.command = plan.host_front_end.command.replace("--gen_module_id_file", "", 1)
