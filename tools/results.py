@@ -102,6 +102,11 @@ class CompileResult(PhaseResult):
     log: str = Field("", description="build log, capped")
     log_truncated: bool = False
     build_seconds: float | None = Field(None, description="time to import the submission, builds included")
+    build_cpu_seconds: float | None = Field(
+        None,
+        description="CPU time of the processes the import ran and waited for (the compilers): above build_seconds "
+        "when they ran side by side, and unlike it not stretched by other work on the host",
+    )
     cache_key: str = ""
     cache_hit: bool = Field(False, description="the build directory existed before this job")
     verdict_reused: bool = Field(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import resource
 import socket
 import sys
 import time
@@ -147,12 +148,13 @@ class Runner:
         os.environ["TORCH_EXTENSIONS_DIR"] = request.build_dir
         if self.observing:  # the build and import are not calls: nothing of theirs is the candidate's forward
             self._stop_observer()
-        started = time.perf_counter()
+        started, compilers_before = time.perf_counter(), _children_cpu_seconds()
         try:
             module = candidate.import_submission(request.code, Path(request.submission_path))
             build_cache.mark_built(Path(request.build_dir))  # the service keeps the build once the job has ended
         except BaseException as exc:  # SystemExit and KeyboardInterrupt from submitted code are failures too
             result.build_seconds = round(time.perf_counter() - started, 3)
+            result.build_cpu_seconds = round(_children_cpu_seconds() - compilers_before, 3)
             result.status = Status.compile_error
             result.diagnostics = python_error_diagnostics(exc, request.code, request.submission_path)
             first = next((d for d in result.diagnostics if d.severity == "error"), None)
@@ -161,6 +163,7 @@ class Runner:
             result.log = traceback.format_exc()
             return Loaded(compile=result)
         result.build_seconds = round(time.perf_counter() - started, 3)
+        result.build_cpu_seconds = round(_children_cpu_seconds() - compilers_before, 3)
         self.model_new = candidate.model_new_class(module)
         if self.model_new is None:
             result.status, result.message = (
@@ -337,6 +340,12 @@ def _copy_out(output: Any, slots: list[torch.Tensor]) -> str | None:
             return f"output {i}: device {got.device}, expected {slot.device}"
         slot.copy_(got)
     return None
+
+
+def _children_cpu_seconds() -> float:
+    """User and system time of the child processes this one has waited for: ninja and the compilers it ran."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _flush_buffer(device: torch.device) -> torch.Tensor:
