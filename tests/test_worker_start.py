@@ -2,11 +2,12 @@
 import a job, not two), and a service starts the next job's worker while the lane is busy."""
 
 import json
+import os
 import time
 from pathlib import Path
 
 import pytest
-from conftest import fresh_interpreter
+from conftest import ONE_CHECK, PROBLEM, fresh_interpreter
 from server_fixtures import scaled_relu_problem
 
 from kernelloop.tools import api
@@ -200,3 +201,18 @@ def test_every_kind_keeps_its_first_spare_and_seconds_take_only_room(tmp_path: P
         pool.close()
     # the three taken are their callers'; the evicted one and the two left at close() are ended
     assert sum(w.discarded for _, w in started) == len(started) - 3 == 3
+
+
+# A submission that says what CPU priority it was imported at, instead of building.
+PRIORITY_PROBE = 'import os\nraise RuntimeError(f"imported at nice {os.getpriority(os.PRIO_PROCESS, 0)}")\n'
+
+
+def test_a_compile_builds_at_a_lower_cpu_priority_than_a_test_judges(kl) -> None:
+    # on a GPU host the search's builds share the cores with the judge of the test on the GPU lane
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    compiled = api.compile_kernel(PROBLEM, PRIORITY_PROBE, "cpu", settings=kl.settings)
+    tested = api.run_tests(PROBLEM, PRIORITY_PROBE, "cpu", ONE_CHECK, kl.settings)
+    assert compiled.status == tested.compile.status == Status.compile_error
+    assert f"imported at nice {min(19, own + kl.settings.build_nice)}" in compiled.message, compiled.message
+    assert f"imported at nice {own}" in tested.message, tested.message
+    assert kl.settings.build_nice > 0  # the default lowers it

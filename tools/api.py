@@ -125,6 +125,7 @@ def run_phase(
             cache_key=key,
             cache_hit=restored[0],
             sent_at=time.time(),
+            nice=settings.build_nice if phase == "compile" else 0,
         )
 
     def on_reply(reply: WorkerReply) -> None:

@@ -42,6 +42,13 @@ class SandboxSettings(BaseSettings):
     compile_timeout_s: float = Field(900.0, gt=0, description="wall-clock limit of a compile worker")
     test_timeout_s: float = Field(900.0, gt=0, description="wall-clock limit of a test worker")
     benchmark_timeout_s: float = Field(900.0, gt=0, description="wall-clock limit of a benchmark worker")
+    build_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="how far a compile job lowers its CPU priority (nice): its build yields to the tests and "
+        "benchmarks on the same host, whose judges compute truths and time; 0 builds at the service's priority",
+    )
     max_memory_bytes: int = Field(
         16 << 30, ge=1 << 30, description="address space of a worker without a GPU (CUDA reserves too much to cap)"
     )

@@ -30,6 +30,8 @@ def main() -> None:
     job = WorkerJob.model_validate_json(sys.stdin.buffer.read())
     sys.stdin.close()
     worker_start_s = round(max(0.0, time.time() - job.sent_at), 3)
+    if job.nice:
+        _lower_priority(job.nice, [0, link.process.pid])
     channel = os.fdopen(result_fd, "w", buffering=1)
 
     def send(result: object, final: bool = False) -> None:
@@ -51,6 +53,16 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _lower_priority(nice: int, pids: list[int]) -> None:
+    """Raise the nice value of these processes (0: this one): the compilers a build starts inherit it. Without
+    CAP_SYS_NICE (the sandbox drops every capability) nothing in them can raise their priority again."""
+    for pid in pids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + nice))
+        except OSError:
+            pass  # a priority is a preference: the job runs all the same
 
 
 if __name__ == "__main__":
