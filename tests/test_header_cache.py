@@ -4,10 +4,12 @@ cache: a build whose C++ text did not change takes the object the host compiled,
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
-from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM
+from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM, run_kernelloop
 
 from kernelloop.tools import api, header_cache, object_cache
 from kernelloop.tools.results import CompileResult, Status
@@ -94,7 +96,7 @@ class ModelNew(nn.Module):
 """
 
 
-def test_an_unchanged_source_is_not_compiled_again(kl, with_headers: SandboxSettings) -> None:
+def test_an_unchanged_source_is_not_compiled_again(kl, with_headers: SandboxSettings, tmp_path: Path) -> None:
     if available_isolation(with_headers) != "bubblewrap":
         pytest.skip("the host compiles objects only under bubblewrap")
     assert header_cache.ready(with_headers) is not None, "the test above builds the headers"
@@ -116,3 +118,15 @@ def test_an_unchanged_source_is_not_compiled_again(kl, with_headers: SandboxSett
     (changed,) = entry.rglob("entry.o")
     assert helper.read_bytes() in objects  # the unchanged source: the host's object, not compiled again
     assert changed.read_bytes() not in objects  # the changed one compiled in the build
+
+    # from the shell, in the service's data folder: no compiler of objects in that process, the same lookups
+    submission = tmp_path / "two_sources.py"
+    submission.write_text(TWO_SOURCES.replace("REVISION", "5.0f"))
+    folders = {"KERNELLOOP_DATA_DIR": with_headers.data_dir, "KERNELLOOP_BUILD_CACHE_DIR": with_headers.cache_dir}
+    env = {**os.environ, **{name: str(path) for name, path in folders.items()}, "KERNELLOOP_PRECOMPILED_HEADERS": "1"}
+    shell = run_kernelloop("compile", str(submission), "--problem", PROBLEM, "--backend", "cpu", "--json", env=env)
+    from_shell = CompileResult.model_validate_json(shell.stdout)
+    assert from_shell.status == Status.passed, (shell.stderr[-2000:], from_shell.message)
+    entry = with_headers.cache_dir / from_shell.cache_key[:2] / from_shell.cache_key
+    (helper,) = entry.rglob("helper.o")
+    assert helper.read_bytes() in objects

@@ -8,6 +8,7 @@ starts after fatbinary, and what the driver does not know goes to nvcc unchanged
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.tools import nvcc_parallel, toolchain
+from kernelloop.tools import nvcc_parallel, object_cache, toolchain
+from kernelloop.tools.sandbox import available_isolation
 
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 needs_nvcc = pytest.mark.skipif(not Path(NVCC).exists(), reason="no nvcc on this machine")
@@ -193,3 +195,58 @@ def test_what_the_driver_does_not_know_goes_to_nvcc_unchanged(stand_ins: tuple[P
     nvcc, log = stand_ins
     assert _run(nvcc, *args).returncode == 0
     assert log.read_text().splitlines() == [f"nvcc itself {' '.join(args)}"]
+
+
+# Kernels that differ in their code but include the same headers first: the headers' part of cudafe++'s output
+# (about 1.5 MB here, 16 MB for torch/extension.h) is the same text, so the host precompiles it once.
+def _same_includes(factor: str) -> str:
+    return (
+        "#include <cuda_runtime.h>\n#include <vector>\n#include <string>\n#include <map>\n\n"
+        f"__global__ void scale(float* x, int n) {{ int i = blockIdx.x * blockDim.x + threadIdx.x; "
+        f"if (i < n) x[i] *= {factor}; }}\n"
+        "void launch(float* x, int n) { scale<<<(n + 255) / 256, 256>>>(x, n); }\n"
+    )
+
+
+@needs_nvcc
+def test_a_kernel_with_the_includes_of_an_earlier_one_compiles_on_the_hosts_precompiled_headers(
+    tmp_path: Path, kl
+) -> None:
+    if available_isolation(kl.settings) != "bubblewrap":
+        pytest.skip("the host precompiles headers only under bubblewrap")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    builds = [tmp_path / "first", tmp_path / "second"]
+    for folder, factor in zip(builds, ("2.0f", "3.0f")):
+        folder.mkdir()
+        (folder / "kernel.cu").write_text(_same_includes(factor))  # torch names every inline source cuda.cu
+
+    def driver(build: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        env = object_cache.build_environment(kept, build)
+        args = [*DRIVER, NVCC, *extra, *FLAGS, "-c", str(build / "kernel.cu"), "-o", str(build / "kernel.o")]
+        return subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+
+    first = driver(builds[0])
+    assert first.returncode == 0, first.stderr
+    (request,) = object_cache.read_requests(builds[0])  # the first build asks for the headers' part
+    assert request.header and request.preprocessed.stat().st_size > nvcc_parallel.MIN_PREFIX_BYTES
+    assert object_cache.compile_request(kl.settings, request, kept)
+    precompiled = kept / f"{request.key}.h.gch"
+    assert not precompiled.stat().st_mode & 0o222  # the host's, read-only to builds
+    (kept / f"{request.key}.h").chmod(0o644)
+    (kept / f"{request.key}.h").unlink()  # so the second build can only compile if GCC takes the header as built
+
+    second = driver(builds[1], "-v")
+    assert second.returncode == 0, second.stderr[-3000:]
+    (host_compile,) = [line for line in second.stderr.splitlines() if "kernel.cudafe1.cpp" in line and " -c " in line]
+    assert f"-include {kept / request.key}.h" in host_compile, host_compile
+    assert not (builds[1] / object_cache.REQUESTS).exists()  # nothing more to ask for
+
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    reference = _compile([NVCC], builds[1] / "kernel.cu", tmp_path / "nvcc.o", "--keep", "--keep-dir", str(keep))
+    assert reference.returncode == 0, reference.stderr
+    module = re.search(rb"_GLOBAL__N_(_[0-9a-f]{8}_\d+_kernel_cu_kl)", (builds[1] / "kernel.o").read_bytes())
+    nvcc_id = (keep / "kernel.module_id").read_text().strip()
+    ours = _symbols(builds[1] / "kernel.o", module.group(1).decode() if module else "")
+    assert ours == _symbols(tmp_path / "nvcc.o", nvcc_id)  # the kernel's object as nvcc builds it

@@ -9,9 +9,17 @@ plan (`--dryrun`), writes the module id itself, and runs the two front ends at t
 step is nvcc's own command, in nvcc's order. Diagnostics come out as nvcc would print them: each step's
 output in the plan's order, up to the first step that failed.
 
+The host compile that follows parses cudafe++'s output, which holds every header the .cu included before its
+own code: the same text for every kernel with the same includes (the module id is made from that part and the
+file's name, not from the kernel). When the host keeps a precompiled header of that part
+(`kernelloop.tools.object_cache`, read-only here, looked up by the hash of the text and the compiler's options),
+the host compile includes it and parses only the kernel's own code; otherwise the part and the options are
+left in the build for the host, which precompiles them in a sandbox of its own for the next build.
+
 A build that is not one .cu compiled to one object, or a plan with a step this driver does not know, runs
-through nvcc unchanged. Torch's JIT builds call it through PYTORCH_NVCC (`toolchain.build_environment`):
-`python -I nvcc_parallel.py REAL_NVCC ARGS...`. It runs inside the sandbox with the build, stdlib only.
+through nvcc unchanged. With -v each command is printed before its output, as nvcc prints it. Torch's JIT
+builds call this driver through PYTORCH_NVCC (`toolchain.build_environment`): `python -I nvcc_parallel.py
+REAL_NVCC ARGS...`. It runs inside the sandbox with the build, stdlib only.
 """
 
 from __future__ import annotations
@@ -40,6 +48,10 @@ _ENV_LINE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _DEPENDENCIES = "-- Filter Dependencies -- > "
 _HOST_COMPILER = re.compile(r"^([\w.-]+-)?(gcc|g\+\+|c\+\+|cc|clang|clang\+\+)(-[\d.]+)?$")
 _MODULE_ID = re.compile(r'--module_id_file_name\s+"([^"]+)"')
+_LINE_MARKER = re.compile(rb'# \d+ "((?:[^"\\]|\\.)*)"')
+MIN_PREFIX_BYTES = 1 << 20
+"""a host compile whose headers' part is smaller than this is quick already: no precompiled header is asked for"""
+HOST_COMPILERS = ("gcc", "g++", "c++")
 
 
 @dataclass
@@ -148,12 +160,83 @@ def merged_dependencies(target: str, makefiles: list[str]) -> str:
     return f"{target} : " + " \\\n    ".join(seen) + "\n"
 
 
+def _main_file(text: bytes) -> bytes | None:
+    """The quoted name of the file the preprocessed text's first line marks: the .cu, as the compiler was given it."""
+    first_end = text.find(b"\n")
+    first = _LINE_MARKER.fullmatch(text[:first_end].rstrip()) if first_end > 0 else None
+    return b'"' + first.group(1) + b'"' if first is not None else None
+
+
+def split_at_own_code(text: bytes) -> tuple[bytes, bytes] | None:
+    """Preprocessed text whose first line marks the .cu, as (what comes before the first line of the .cu's own
+    code, less that first line; the rest from that line on), or None when it has no such line. Before the cut
+    come the headers the .cu included first: the same text for any .cu with the same includes."""
+    first_end, main = text.find(b"\n"), _main_file(text)
+    if main is None:
+        return None
+    own_code = re.compile(rb"\n# \d+ " + re.escape(main) + rb"( [\d ]*)?\r?\n")
+    position = first_end
+    while (found := own_code.search(text, position)) is not None:
+        after = found.end()
+        following = text[after : text.find(b"\n", after) if text.find(b"\n", after) >= 0 else len(text)]
+        if following.strip() and not following.startswith(b"#"):  # the .cu's code, not another marker
+            return text[first_end + 1 : found.start() + 1], text[found.start() + 1 :]
+        position = found.end() - 1
+    return None
+
+
 def module_id(source: str, host_text: bytes) -> str:
     """A module id in nvcc's form (`_HASH_LEN_NAME`): the name of the .cu's anonymous namespace, which host and
-    device code must agree on, unique to this source and its text."""
+    device code must agree on. Made from the file's name and the headers it includes before its own code, so
+    cudafe++ writes the same text for those headers whatever the kernel (the host keeps a precompiled header of
+    it) while two sources of one extension, which torch requires to have different names, get different ids."""
     name = os.path.basename(source)
-    digest = hashlib.sha256(source.encode() + b"\0" + host_text).hexdigest()[:8]
+    parts, main = split_at_own_code(host_text), _main_file(host_text)
+    headers = parts[0] if parts is not None else host_text
+    if main is not None:  # the lines that mark the .cu name its folder: the extension's name
+        headers = re.sub(rb"(?m)^# \d+ " + re.escape(main) + rb".*\n", b"", headers)
+    digest = hashlib.sha256(name.encode() + b"\0" + headers).hexdigest()[:8]
     return f"_{digest}_{len(name)}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}_kl"
+
+
+def request_key(args: list[str], text: bytes) -> str:
+    """The key the host files a compile's result under: the count of options, each on its line, then the text
+    (unambiguous, since no option holds a newline). The compiler wrapper computes the same for objects."""
+    head = f"{len(args)}\n" + "".join(f"{a}\n" for a in args)
+    return hashlib.sha256(head.encode() + text).hexdigest()
+
+
+def use_precompiled_headers(step: Step, kept: str | None, requests: str | None) -> None:
+    """Before the host compile: include the host's precompiled header of its headers' part when there is one
+    (under `kept`), the kernel's own code then compiled alone; else leave the part and the options in
+    `requests` for the host. The object is the same either way (the rest keeps the file's name)."""
+    if "$" in step.command or not (kept or requests):
+        return
+    words = shlex.split(step.command)
+    sources = [w for w in words if w.endswith(".cudafe1.cpp")]
+    if len(sources) != 1 or os.path.basename(words[0]) not in HOST_COMPILERS or "-o" not in words[:-1]:
+        return
+    source = Path(sources[0])
+    parts = split_at_own_code(source.read_bytes())
+    if parts is None or len(parts[0]) < MIN_PREFIX_BYTES:
+        return
+    headers, rest = parts
+    output = words.index("-o")
+    args = [os.path.basename(words[0])] + [
+        w for i, w in enumerate(words[1:], 1) if w not in ("-c", str(source)) and i not in (output, output + 1)
+    ]
+    key = request_key(args, headers)
+    if kept and os.path.isfile(os.path.join(kept, f"{key}.h.gch")):
+        source.write_bytes(rest)
+        at = words.index(str(source))
+        step.command = shlex.join([*words[:at], "-include", os.path.join(kept, f"{key}.h"), *words[at:]])
+    elif requests:
+        try:
+            os.makedirs(requests, exist_ok=True)
+            Path(requests, f"{key}.h").write_bytes(headers)
+            Path(requests, f"{key}.args").write_text("".join(f"{a}\n" for a in [str(len(args)), *args]))
+        except OSError:
+            pass  # only a head start for the next build
 
 
 class Runner:
@@ -185,9 +268,15 @@ class Runner:
         return all(results)
 
 
-def report(plan: Plan) -> int:
-    """Print what nvcc would have: each step's output in the plan's order up to the first failure; its code."""
+def report(plan: Plan, verbose: bool = False) -> int:
+    """Print what nvcc would have: each step's output in the plan's order up to the first failure, each after
+    its command when `verbose` (nvcc -v); the exit code."""
+    if verbose:
+        sys.stderr.write("".join(f"#$ {line}\n" for line in plan.environment))
     for step in plan.steps:
+        if verbose:
+            sys.stderr.write(f"#$ {step.command}\n")
+            sys.stderr.flush()
         sys.stdout.buffer.write(step.stdout)
         sys.stderr.buffer.write(step.stderr)
         if step.returncode != 0:
@@ -214,8 +303,9 @@ def compile_in_parallel(nvcc: str, args: list[str], scratch: Path) -> int | None
     if plan.dependency_file is not None:  # nvcc lists what the host's and the device's preprocessing read
         for step in plan.preprocess:
             step.command += " " + shlex.join(["-MD", "-MF", str(scratch / f"{step.index}.d"), "-MT", target])
+    verbose = "-v" in args or "--verbose" in args
     if not runner.run_all([[s] for s in plan.preprocess]):
-        return report(plan)
+        return report(plan, verbose)
     if plan.dependency_file is not None:
         lists = [(scratch / f"{s.index}.d").read_text() for s in plan.preprocess]
         Path(plan.dependency_file).write_text(merged_dependencies(target, lists))
@@ -225,10 +315,12 @@ def compile_in_parallel(nvcc: str, args: list[str], scratch: Path) -> int | None
     Path(plan.module_id_file).write_text(module_id(os.path.abspath(source), host_text))
     plan.host_front_end.command = plan.host_front_end.command.replace("--gen_module_id_file", "", 1)
     if runner.run_all([[plan.host_front_end], plan.device]):
+        kept, requests = os.environ.get("KERNELLOOP_OBJECTS"), os.environ.get("KERNELLOOP_OBJECT_REQUESTS")
+        use_precompiled_headers(plan.after[-1], kept, requests)
         for step in plan.after:
             if not runner.run(step):
                 break
-    return report(plan)
+    return report(plan, verbose)
 
 
 def _preprocessed_output(command: str) -> bytes:

@@ -11,11 +11,16 @@ object planted under the key of someone else's binding would run in their build.
 preprocessed text itself, in a sandbox of its own that sees nothing but that text (`sandbox.run_command`),
 with the options it understands (anything else: not kept), and files the object under the key it computed.
 An object is then what compiling that text with those options gives, whoever asked first.
+
+A .cu's host compile (`tools/nvcc_parallel.py`) asks the same way for a precompiled header of the headers' part
+of cudafe++'s output (`KEY.h`: text that still holds an #include of CUDA's runtime header and macros, so its
+include paths and defines are kept, absolute paths only). The host precompiles it with that compiler and those
+options and keeps `KEY.h` and `KEY.h.gch`, the newest `MAX_PRECOMPILED_HEADERS` of them (one of torch's is
+hundreds of megabytes).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import queue
@@ -26,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelloop.tools import header_cache
+from kernelloop.tools import header_cache, nvcc_parallel
 from kernelloop.tools.settings import SandboxSettings
 
 log = logging.getLogger("kernelloop.object_cache")
@@ -47,6 +52,8 @@ _REFUSED = (  # options that read or write other files, load code, or pass optio
     "-fsave-optimization-record", "-fcreate-profile", "-Wa,", "-Wl,", "-Wp,", "-specs", "-wrapper",
 )  # fmt: skip
 SOURCE_SUFFIXES = (".cpp", ".cc", ".cxx")
+MAX_PRECOMPILED_HEADERS = 4
+_HEADER_PATHS = {"-I", "-isystem", "-iquote", "-idirafter"}
 
 
 def folder(settings: SandboxSettings) -> Path:
@@ -54,11 +61,38 @@ def folder(settings: SandboxSettings) -> Path:
     return header_cache.folder(settings).parent.parent / "objects" / header_cache.folder(settings).name
 
 
-def request_key(args: list[str], preprocessed: bytes) -> str:
-    """The key the wrapper computes: the count of options, each on its line, then the text (unambiguous,
-    since no option holds a newline)."""
-    head = f"{len(args)}\n" + "".join(f"{a}\n" for a in args)
-    return hashlib.sha256(head.encode() + preprocessed).hexdigest()
+def header_options(args: list[str]) -> list[str] | None:
+    """The compiler and options to precompile a .cu's headers' part with (`gcc OPTIONS`, as nvcc's host compile
+    ran less its source and output), or None when one is not understood (not kept)."""
+    if not args or args[0] not in nvcc_parallel.HOST_COMPILERS:
+        return None
+    kept: list[str] = [args[0]]
+    words = iter(args[1:])
+    for arg in words:
+        if "\n" in arg or arg.startswith(_REFUSED) or arg.startswith("@"):
+            return None
+        if arg in _HEADER_PATHS or arg in ("-D", "-U", "-x"):
+            value = next(words, None)
+            if value is None or (arg == "-x" and value != "c++"):
+                return None
+            if arg in _HEADER_PATHS and not os.path.isabs(value):
+                return None
+            kept += [arg, value]
+        elif arg.startswith(("-I", "-iquote", "-idirafter")) and not arg.startswith("-isystem"):
+            path = arg[2:] if arg.startswith("-I") else arg.removeprefix("-iquote").removeprefix("-idirafter")
+            if not os.path.isabs(path):
+                return None
+            kept.append(arg)
+        elif arg.startswith(("-D", "-U", *_KEPT)):
+            kept.append(arg)
+        else:
+            return None
+    return kept
+
+
+def request_key(args: list[str], text: bytes) -> str:
+    """The key the wrapper and the .cu driver compute (`nvcc_parallel.request_key`)."""
+    return nvcc_parallel.request_key(args, text)
 
 
 def codegen_options(args: list[str]) -> list[str] | None:
@@ -89,6 +123,13 @@ class Request:
     key: str
     options: list[str]
     preprocessed: Path
+    """the text to compile: preprocessed source, or a .cu's headers' part (`header`)"""
+    header: bool = False
+    """precompile it (`options` begin with the compiler) instead of compiling it to an object"""
+
+    @property
+    def kept_as(self) -> str:
+        return f"{self.key}.h.gch" if self.header else f"{self.key}.o"
 
 
 def read_requests(build_dir: Path) -> list[Request]:
@@ -98,7 +139,8 @@ def read_requests(build_dir: Path) -> list[Request]:
     if found.is_symlink() or not found.is_dir():
         return requests
     for args_file in sorted(found.glob("*.args"))[:MAX_REQUESTS_PER_BUILD]:
-        text_file = args_file.with_suffix(".ii")
+        header = args_file.with_suffix(".h").exists()
+        text_file = args_file.with_suffix(".h" if header else ".ii")
         try:
             if args_file.is_symlink() or text_file.is_symlink() or text_file.stat().st_size > MAX_PREPROCESSED_BYTES:
                 continue
@@ -107,17 +149,17 @@ def read_requests(build_dir: Path) -> list[Request]:
             args = lines[1 : 1 + count]
             if len(args) != count or lines[1 + count :] != [""]:
                 continue
-            options = codegen_options(args)
+            options = header_options(args) if header else codegen_options(args)
             if options is None:
                 continue
             key = request_key(args, text_file.read_bytes())
         except (OSError, ValueError, UnicodeDecodeError):
             continue
-        descriptor, name = tempfile.mkstemp(prefix="object-", suffix=".ii")
+        descriptor, name = tempfile.mkstemp(prefix="object-", suffix=text_file.suffix)
         os.close(descriptor)
         kept = Path(name)
         shutil.copyfile(text_file, kept)
-        requests.append(Request(key=key, options=options, preprocessed=kept))
+        requests.append(Request(key=key, options=options, preprocessed=kept, header=header))
     shutil.rmtree(found, ignore_errors=True)
     return sorted(requests, key=lambda r: r.preprocessed.stat().st_size)  # the quick ones first
 
@@ -137,8 +179,12 @@ def start(settings: SandboxSettings) -> None:
 
 
 def ready(settings: SandboxSettings) -> Path | None:
-    """The folder builds look objects up in, when this process keeps them (and compiles their misses)."""
-    return _compiler.target if _compiler is not None and _compiler.settings.cache_dir == settings.cache_dir else None
+    """The folder builds look objects up in: this process's, which compiles their misses, or the one a service
+    keeps in the same build cache (a command line's builds look up what it made; their misses are dropped)."""
+    if _compiler is not None and _compiler.settings.cache_dir == settings.cache_dir:
+        return _compiler.target
+    kept = folder(settings)
+    return kept if settings.object_cache and kept.is_dir() else None
 
 
 def collect(build_dir: Path) -> None:
@@ -168,7 +214,7 @@ class ObjectCompiler:
     def collect(self, build_dir: Path) -> None:
         """After a build: queue its misses (dropped when the queue is full; a later build asks again)."""
         for request in read_requests(build_dir):
-            if (self.target / f"{request.key}.o").exists():
+            if (self.target / request.kept_as).exists():
                 request.preprocessed.unlink(missing_ok=True)
                 continue
             try:
@@ -189,24 +235,44 @@ class ObjectCompiler:
                 request.preprocessed.unlink(missing_ok=True)
 
     def _compile(self, request: Request) -> None:
-        from kernelloop.tools import sandbox
+        if not (self.target / request.kept_as).exists():
+            compile_request(self.settings, request, self.target)
 
-        if (self.target / f"{request.key}.o").exists():
-            return
-        with tempfile.TemporaryDirectory(prefix="object-", dir=self.settings.jobs_dir) as work:
+
+def compile_request(settings: SandboxSettings, request: Request, target: Path) -> bool:
+    """Compile one request in a sandbox of its own and keep what it made in `target`, read-only; whether it did."""
+    from kernelloop.tools import sandbox
+
+    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="object-", dir=settings.jobs_dir) as work:
+        if request.header:
+            shutil.copyfile(request.preprocessed, Path(work) / "headers.h")
+            argv = [*request.options, "-x", "c++-header", "headers.h", "-o", "built"]
+        else:
             shutil.copyfile(request.preprocessed, Path(work) / "source.ii")
-            compiler = os.environ.get("CXX", "c++")
-            argv = ["nice", "-n", "10", compiler, *request.options, "-c", "source.ii", "-o", "object.o"]
-            try:
-                done = sandbox.run_command(self.settings, Path(work), argv, COMPILE_TIMEOUT_S)
-            except (sandbox.SandboxUnavailable, subprocess.TimeoutExpired, OSError) as exc:
-                log.warning("object cache: %s not compiled: %s", request.key[:12], exc)
-                return
-            built = Path(work) / "object.o"
-            if done.returncode != 0 or built.is_symlink() or not built.is_file():
-                log.info("object cache: %s did not compile on the host; not kept", request.key[:12])
-                return
-            staged = self.target / f".{request.key}.o.{os.getpid()}.partial"  # several processes may keep objects
-            shutil.copyfile(built, staged)
-            staged.chmod(0o444)
-            os.replace(staged, self.target / f"{request.key}.o")
+            argv = [os.environ.get("CXX", "c++"), *request.options, "-c", "source.ii", "-o", "built"]
+        try:
+            done = sandbox.run_command(settings, Path(work), ["nice", "-n", "10", *argv], COMPILE_TIMEOUT_S)
+        except (sandbox.SandboxUnavailable, subprocess.TimeoutExpired, OSError) as exc:
+            log.warning("object cache: %s not compiled: %s", request.key[:12], exc)
+            return False
+        built = Path(work) / "built"
+        if done.returncode != 0 or built.is_symlink() or not built.is_file():
+            log.info("object cache: %s did not compile on the host; not kept", request.key[:12])
+            return False
+        if request.header:  # the text beside it: GCC reads it instead of a header it cannot use
+            _keep(request.preprocessed, target / f"{request.key}.h")
+        _keep(built, target / request.kept_as)
+    if request.header:
+        headers = sorted(target.glob("*.h.gch"), key=lambda p: p.stat().st_mtime)
+        for old in headers[: max(0, len(headers) - MAX_PRECOMPILED_HEADERS)]:
+            old.unlink(missing_ok=True)
+            old.with_suffix("").unlink(missing_ok=True)
+    return True
+
+
+def _keep(built: Path, kept: Path) -> None:
+    staged = kept.with_name(f".{kept.name}.{os.getpid()}.partial")  # several processes may keep objects
+    shutil.copyfile(built, staged)
+    staged.chmod(0o444)
+    os.replace(staged, kept)
