@@ -1,6 +1,7 @@
 """What the object cache saves on a kernel whose binding does not change: build a submission, let the host keep
-the objects of its C++ sources, change the kernel, build again. A markdown table of each build's compile of
-the binding (main.o, from ninja's log) and of the whole build.
+the objects of its C++ sources and the precompiled header of its .cu's headers' part, change the kernel, build
+again. A markdown table of each build's compile of the binding (main.o) and of the .cu (cuda.cuda.o), from
+ninja's log, and of the whole build.
 
 Usage:
   python scripts/object_cache_figures.py SUBMISSION.py --problem causal_conv1d [--backend cuda] [--data-dir DIR]
@@ -64,12 +65,15 @@ def main() -> int:
         if result.status.value != "passed":
             print(f"{label}: {result.status.value}: {result.message}", file=sys.stderr)
             return 1
-        main_o = ninja_seconds(settings, result, "main.o")
-        rows.append(f"| {label} | {main_o if main_o is not None else '-'} | {result.build_seconds or 0:.1f} |")
+        steps = [ninja_seconds(settings, result, target) for target in ("main.o", "cuda.cuda.o")]
+        shown = " | ".join(f"{step:.1f}" if step is not None else "-" for step in steps)
+        rows.append(f"| {label} | {shown} | {result.build_seconds or 0:.1f} |")
+        kept = object_cache.folder(settings)
+        wanted = ["*.o", "*.h.gch"] if args.backend == "cuda" else ["*.o"]
         deadline = time.monotonic() + OBJECT_WAIT_S
-        while not list(object_cache.folder(settings).glob("*.o")) and time.monotonic() < deadline:
-            time.sleep(0.5)  # the host compiles the binding's text after the first build
-    print("| build | main.o s | build s |\n|---|---|---|\n" + "\n".join(rows))
+        while any(not list(kept.glob(pattern)) for pattern in wanted) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the host compiles the binding's text and the .cu's headers after the first build
+    print("| build | main.o s | cuda.cuda.o s | build s |\n|---|---|---|---|\n" + "\n".join(rows))
     return 0
 
 
