@@ -56,13 +56,20 @@ def main() -> None:
 
 
 def _lower_priority(nice: int, pids: list[int]) -> None:
-    """Raise the nice value of these processes (0: this one): the compilers a build starts inherit it. Without
-    CAP_SYS_NICE (the sandbox drops every capability) nothing in them can raise their priority again."""
+    """Raise the nice value of these processes (0: this one), which the compilers a build starts inherit, and of
+    the job's session: where Linux shares the CPU among sessions first (autogroup), and every job is a session
+    of its own, a process's nice value only ranks it among its session's. Without CAP_SYS_NICE (the sandbox
+    drops every capability) nothing in the job can raise either again."""
     for pid in pids:
         try:
             os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + nice))
         except OSError:
             pass  # a priority is a preference: the job runs all the same
+    try:
+        with open("/proc/self/autogroup", "w") as session:
+            session.write(str(nice))
+    except OSError:
+        pass  # a kernel without autogroups shares the CPU by the processes' nice values alone
 
 
 if __name__ == "__main__":
