@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM, run_kernelloop
 
-from kernelloop.tools import api, header_cache, object_cache
+from kernelloop.tools import api, header_cache, object_cache, sandbox_view
 from kernelloop.tools.results import CompileResult, Status
 from kernelloop.tools.sandbox import available_isolation
 from kernelloop.tools.settings import SandboxSettings
@@ -96,6 +96,16 @@ class ModelNew(nn.Module):
 """
 
 
+LISTING_PROBE = f"""
+import os
+try:
+    listing = len(os.listdir("{sandbox_view.OBJECTS_MOUNT}"))
+except OSError as error:
+    listing = type(error).__name__
+raise RuntimeError(f"listing: {{listing}}, NAME: {{os.path.isfile('{sandbox_view.OBJECTS_MOUNT}/NAME')}}")
+"""
+
+
 def test_an_unchanged_source_is_not_compiled_again(kl, with_headers: SandboxSettings, tmp_path: Path) -> None:
     if available_isolation(with_headers) != "bubblewrap":
         pytest.skip("the host compiles objects only under bubblewrap")
@@ -118,6 +128,11 @@ def test_an_unchanged_source_is_not_compiled_again(kl, with_headers: SandboxSett
     (changed,) = entry.rglob("entry.o")
     assert helper.read_bytes() in objects  # the unchanged source: the host's object, not compiled again
     assert changed.read_bytes() not in objects  # the changed one compiled in the build
+
+    # a build opens what it has the key of, and cannot list what other submissions' builds left
+    key = objects[helper.read_bytes()].name
+    peek = api.compile_kernel(PROBLEM, LISTING_PROBE.replace("NAME", key), "cpu", settings=with_headers)
+    assert f"listing: PermissionError, {key}: True" in peek.message, peek.message
 
     # from the shell, in the service's data folder: no compiler of objects in that process, the same lookups
     submission = tmp_path / "two_sources.py"

@@ -10,7 +10,9 @@ Only the host writes objects, and never one a job made: a job can write any file
 object planted under the key of someone else's binding would run in their build. The host compiles the
 preprocessed text itself, in a sandbox of its own that sees nothing but that text (`sandbox.run_command`),
 with the options it understands (anything else: not kept), and files the object under the key it computed.
-An object is then what compiling that text with those options gives, whoever asked first.
+An object is then what compiling that text with those options gives, whoever asked first. The folder is shown
+to builds without the right to list it: a build opens what it has the key of, the hash of text it holds, and
+cannot read what other submissions' builds left.
 
 A .cu's host compile (`tools/nvcc_parallel.py`) asks the same way for a precompiled header of the headers' part
 of cudafe++'s output (`KEY.h`: text that still holds an #include of CUDA's runtime header and macros, so its
@@ -53,6 +55,8 @@ _REFUSED = (  # options that read or write other files, load code, or pass optio
 )  # fmt: skip
 SOURCE_SUFFIXES = (".cpp", ".cc", ".cxx")
 MAX_PRECOMPILED_HEADERS = 4
+UNLISTED = 0o311
+"""the folder's mode: its owner (the sandbox's user maps to it) may add and open files, nobody may list them"""
 _HEADER_PATHS = {"-I", "-isystem", "-iquote", "-idirafter"}
 
 
@@ -207,6 +211,7 @@ class ObjectCompiler:
         self.settings = settings
         self.target = folder(settings)
         self.target.mkdir(parents=True, exist_ok=True)
+        self.target.chmod(UNLISTED)
         self._queue: queue.Queue[Request | None] = queue.Queue(PENDING_LIMIT)
         self._thread = threading.Thread(target=self._serve, name="object-cache", daemon=True)
         self._thread.start()
@@ -264,11 +269,25 @@ def compile_request(settings: SandboxSettings, request: Request, target: Path) -
             _keep(request.preprocessed, target / f"{request.key}.h")
         _keep(built, target / request.kept_as)
     if request.header:
-        headers = sorted(target.glob("*.h.gch"), key=lambda p: p.stat().st_mtime)
-        for old in headers[: max(0, len(headers) - MAX_PRECOMPILED_HEADERS)]:
-            old.unlink(missing_ok=True)
-            old.with_suffix("").unlink(missing_ok=True)
+        _drop_oldest_headers(target, request.key)
     return True
+
+
+def _drop_oldest_headers(target: Path, newest: str) -> None:
+    """Keep the newest MAX_PRECOMPILED_HEADERS headers; their keys, oldest first, are listed beside the folder
+    (which cannot be listed)."""
+    listing = target.with_name(f"{target.name}.headers")
+    try:
+        keys = [k for k in listing.read_text().split() if k != newest]
+    except OSError:
+        keys = []
+    keys.append(newest)
+    for old in keys[: max(0, len(keys) - MAX_PRECOMPILED_HEADERS)]:
+        (target / f"{old}.h.gch").unlink(missing_ok=True)
+        (target / f"{old}.h").unlink(missing_ok=True)
+    staged = listing.with_name(f".{listing.name}.{os.getpid()}")
+    staged.write_text("\n".join(keys[-MAX_PRECOMPILED_HEADERS:]) + "\n")
+    os.replace(staged, listing)
 
 
 def _keep(built: Path, kept: Path) -> None:
