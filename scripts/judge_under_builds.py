@@ -13,13 +13,12 @@ of the test's `checks` step and its worker's wall time per round, idle rounds fi
 
 from __future__ import annotations
 
-import argparse
 import secrets
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
+
+from submission_arguments import data_folder, submission_parser
 
 from kernelloop.tools import api
 from kernelloop.tools.settings import SandboxSettings
@@ -34,15 +33,11 @@ def copy_to_build(code: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("submission", type=Path)
-    parser.add_argument("--problem", required=True)
-    parser.add_argument("--backend", default="cpu", choices=["cuda", "cpu"])
+    parser = submission_parser(__doc__, backend="cpu")
     parser.add_argument("--builds", type=int, default=2)
     parser.add_argument("--nice", type=int, nargs="+", default=[0, 10, 0, 10])
-    parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="judge-under-builds-", dir="/var/tmp"))
+    data_dir = data_folder(args, "judge-under-builds-")
     code = args.submission.read_text()
 
     def settings(nice: int) -> SandboxSettings:

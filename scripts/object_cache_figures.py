@@ -13,11 +13,10 @@ so only that translation unit differs. The data folder starts empty: the precomp
 
 from __future__ import annotations
 
-import argparse
 import sys
-import tempfile
 import time
-from pathlib import Path
+
+from submission_arguments import data_folder, submission_parser
 
 from kernelloop.tools import api, header_cache, object_cache
 from kernelloop.tools.results import CompileResult
@@ -43,14 +42,10 @@ def revision(code: str, marker: str, n: int) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("submission", type=Path)
-    parser.add_argument("--problem", required=True)
-    parser.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
+    parser = submission_parser(__doc__, backend="cuda")
     parser.add_argument("--marker", default="__global__")
-    parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args()
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="object-cache-figures-", dir="/var/tmp"))
+    data_dir = data_folder(args, "object-cache-figures-")
     settings = SandboxSettings(data_dir=data_dir, precompiled_headers=True, object_cache=True)
     started = time.monotonic()
     if header_cache.build(settings) is None:
