@@ -44,6 +44,10 @@ def test_correct_kernel_passes_every_cpu_shape_and_seed(kl):
     assert result.parameter_mapping == "copied 1 of 1 reference tensors (0 by name, 1 by order and shape)"
     assert result.message == f"{len(result.checks)} checks passed"
     assert result.device == "cpu" and result.compile.status == Status.passed
+    # where the checks' time went, in parts that add up to it
+    parts = [result.step_seconds[f"checks.{part}"] for part in ("expected", "share", "calls", "compare")]
+    assert all(seconds > 0 for seconds in parts), result.step_seconds
+    assert sum(parts) <= result.step_seconds["checks"] <= sum(parts) + 0.5, result.step_seconds
 
 
 def test_off_by_one_kernel_is_wrong_result_with_first_mismatch(kl):
@@ -120,6 +124,40 @@ def test_wrong_constructor_signature(kl):
         "(in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, bias: bool = False)"
         in result.message
     )
+
+
+SECOND_RUN_SHIFTED = """
+_conv = kernels.conv_correct
+_seen = set()
+
+
+def _shifted_on_the_second_run(x, *args):
+    out = _conv(x, *args)
+    again = float(x.sum()) in _seen  # the judge calls twice on one input
+    _seen.add(float(x.sum()))
+    out.view(-1)[7] += (1 if again else -1) * {shift} * float(out.abs().max())
+    return out
+
+
+kernels.conv_correct = _shifted_on_the_second_run
+"""
+
+
+def test_a_second_run_that_fails_on_its_own_is_judged_by_it(kl):
+    code = kl.helper_candidate("conv_correct", prelude=SECOND_RUN_SHIFTED.format(shift="(0 if not again else 0.5)"))
+    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
+
+    assert result.status == Status.wrong_result, result.message
+    assert "the second run on the same input: 1 of" in result.message, result.message
+
+
+def test_two_runs_each_within_tolerance_but_apart_are_nondeterministic(kl):
+    # each run 0.9 tolerance from the truth, on opposite sides: both pass alone, they differ by 1.8
+    code = kl.helper_candidate("conv_correct", prelude=SECOND_RUN_SHIFTED.format(shift=0.9 * 2e-3))
+    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
+
+    assert result.status == Status.nondeterministic, result.message
+    assert "two runs on one input differ by 0.0036" in result.message, result.message
 
 
 def test_input_mutation(kl):

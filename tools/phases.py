@@ -432,28 +432,42 @@ def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult
     """The candidate twice on one fresh input, each time into NaN-filled buffers, judged under the session's
     policy (against the float64 truth the judge computed from its own reference, or, under kernelbench, by
     allclose against that reference's own output); the two runs must agree. The other policy's verdict is
-    computed beside it from the same outputs, where the models' mode makes no difference to the reference."""
-    job, device, policy = session.job, session.device, session.policy
-    tol = policy.max_rel_error
-    expected = _expected(session, shape, seed)
+    computed beside it from the same outputs, where the models' mode makes no difference to the reference.
+    Its time is kept in four parts (`checks.expected`, `.share`, `.calls`, `.compare`): where a test's time goes."""
+    device, policy = session.device, session.policy
+    with _step(result, "checks.expected"):
+        expected = _expected(session, shape, seed)
     reference, inputs, reference_out, truth = expected.reference, expected.inputs, expected.outputs, expected.truth
     if truth is None and policy.name != "kernelbench":  # a policy that judges by the truth cannot judge at all
         raise Fail(Status.sandbox_error, expected.truth_error)
-    reference_error = max((checking.relative_max_error(r, t) for r, t in zip(reference_out, truth or [])), default=0.0)
-    shared = _share(device, reference, [inputs], reference_out, n_slots=2)
-    prepared = _prepare(session, "candidate", shape, seed, shared)
+    with _step(result, "checks.share"):
+        shared = _share(device, reference, [inputs], reference_out, n_slots=2)
+        prepared = _prepare(session, "candidate", shape, seed, shared)
     if not result.parameter_mapping:
         result.parameter_mapping = prepared.parameter_mapping
     outputs = []
     for slot_index, what in ((0, "forward"), (1, "the second forward")):
-        _poison(shared.slot_views[slot_index])
-        _synchronize(device)
-        called = session.ask_call(Call(input_set=0, slot=slot_index, timed=False), expected.seconds)
-        outputs.append(_take_outputs(called, shared.slot_views[slot_index], what))
-        mutated = _mutated(shared.input_views[0], inputs)
+        with _step(result, "checks.calls"):
+            _poison(shared.slot_views[slot_index])
+            _synchronize(device)
+            called = session.ask_call(Call(input_set=0, slot=slot_index, timed=False), expected.seconds)
+            outputs.append(_take_outputs(called, shared.slot_views[slot_index], what))
+            mutated = _mutated(shared.input_views[0], inputs)
         if mutated:
             raise Fail(Status.input_mutated, mutated)
     session.observe()
+    with _step(result, "checks.compare"):
+        return _judged(session, shape, seed, expected, outputs)
+
+
+def _judged(
+    session: Session, shape: ShapeSpec, seed: int, expected: _Expected, outputs: list[list[torch.Tensor]]
+) -> ShapeCheck:
+    """The verdict on the candidate's two outputs for one input, under the session's policy and the other."""
+    job, device, policy = session.job, session.device, session.policy
+    tol = policy.max_rel_error
+    reference_out, truth = expected.outputs, expected.truth
+    reference_error = max((checking.relative_max_error(r, t) for r, t in zip(reference_out, truth or [])), default=0.0)
     first, second = outputs
     dtype = job_dtype(job.problem, job.options.precision)
     strict = truth_policy("fp32", dtype) if policy.name == "kernelbench" else policy
@@ -466,15 +480,20 @@ def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult
         return checking.compare_allclose(out, reference_out, kernelbench.atol or 0.0, kernelbench.rtol or 0.0)
 
     judge, other = (by_kernelbench, by_truth) if policy.name == "kernelbench" else (by_truth, by_kernelbench)
-    check, again = judge(first), judge(second)
-    if check.status == Status.passed and again.status != Status.passed:
-        check = again
-        check.message = "the second run on the same input: " + check.message
-    elif check.status == Status.passed:
-        drift = max((checking.relative_max_error(a, b.double()) for a, b in zip(first, second)), default=0.0)
-        if drift > tol:
-            check.status = Status.nondeterministic
-            check.message = f"two runs on one input differ by {drift:.3g} x max|output| (tolerance {tol:g}): a race?"
+    check = judge(first)
+    same_bits = all(torch.equal(a, b) for a, b in zip(first, second))  # a NaN never equals itself
+    if check.status == Status.passed and not same_bits:  # the same bits would be judged the same, without drift
+        again = judge(second)
+        if again.status != Status.passed:
+            check = again
+            check.message = "the second run on the same input: " + check.message
+        else:
+            drift = max((checking.relative_max_error(a, b.double()) for a, b in zip(first, second)), default=0.0)
+            if drift > tol:
+                check.status = Status.nondeterministic
+                check.message = (
+                    f"two runs on one input differ by {drift:.3g} x max|output| (tolerance {tol:g}): a race?"
+                )
     check.shape, check.seed = shape.name, seed
     check.reference_max_rel_error = reference_error if truth is not None else None
     if policy.name != "kernelbench" and reference_error > tol / 2:  # whatever the candidate did: not its fault

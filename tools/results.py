@@ -88,7 +88,9 @@ class PhaseResult(BaseModel):
         {},
         description="where the time went, step by step: worker_start (the sandbox and the judge's interpreter), "
         "runner_start (the candidate's runner up, beyond the judge's own start), calibrate, load (build, import "
-        "and construction), checks, timing",
+        "and construction), checks (of which checks.expected: the judge's reference, inputs and float64 truth; "
+        "checks.share: the buffers shared with the candidate; checks.calls: its two calls; checks.compare: the "
+        "verdicts), timing",
     )
 
     @property
