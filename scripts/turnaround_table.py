@@ -5,8 +5,8 @@ Usage:
   python scripts/turnaround_table.py --service URL JOB_ID ...   jobs of a running service (KERNELLOOP_API_TOKEN)
 
 One row per step: the queue (jobs only: from submission to the first step's start), then each step's
-`step_seconds` (worker_start, runner_start, calibrate, load, checks, timing) and the sandboxed worker's
-whole wall time.
+`step_seconds` (worker_start, runner_start, calibrate, load, checks and its parts, timing) and the sandboxed
+worker's whole wall time.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pydantic import TypeAdapter
 from kernelloop.contract import JobPublic
 from kernelloop.tools.results import PhaseResult, PhaseResultAny
 
-STEPS = ("worker_start", "runner_start", "calibrate", "load", "checks", "timing")
+CHECK_PARTS = ("checks.expected", "checks.share", "checks.calls", "checks.compare")
+STEPS = ("worker_start", "runner_start", "calibrate", "load", "checks", *CHECK_PARTS, "timing")
 RESULT = TypeAdapter(PhaseResultAny)
 
 
