@@ -72,7 +72,7 @@ def compare(got: torch.Tensor, truth: torch.Tensor, tolerance: float) -> ShapeCh
 
     Outputs reach gigabytes (2 GiB for the largest causal conv1d shape, its difference in float64 twice that),
     so this makes one float64 temporary, in place from there, and masks the truth's non-finite elements only
-    when it has any: on the H200 the earlier version (a masked copy per statistic) was 70% of a test's checks."""
+    when it has any: on the H200 the comparisons, with a masked copy per statistic, were 70% of a test's checks."""
     if is_exact(truth):
         return _compare_exactly(got, truth)
     got = got.detach()
