@@ -79,6 +79,8 @@ class RunLoop:
         self.facts: dict[int, AttemptFacts] = {}
         self.lines: list[AttemptLine] = []
         self.first_speedup: float | None = None
+        self._first_step: int | None = None
+        """the step of the attempt `first_speedup` is from: the earliest step wins, whichever finished first"""
         self.base: dict[int, int | None] = {}
         self.reserved = 0
         self.done: dict[int, ProposerDone] = {}
@@ -280,8 +282,8 @@ class RunLoop:
                 facts.correct = outcome.correct
             if outcome.speedup is not None:
                 facts.speedup = outcome.speedup  # the latest full timing, as the service keeps it
-            if self.first_speedup is None and facts.correct and facts.speedup is not None:
-                self.first_speedup = facts.speedup
+            if facts.correct and facts.speedup is not None:
+                self._note_first(outcome.step, facts.speedup)
         best_id, best_speedup = self.best()
         outcome.best_attempt_id, outcome.best_speedup = best_id, best_speedup
         outcome.regressed = self._is_regression(outcome, best_id, best_speedup)
@@ -347,8 +349,14 @@ class RunLoop:
                 seconds=0.0,
             )
         )
-        if self.first_speedup is None and attempt.correct and attempt.speedup is not None:
-            self.first_speedup = attempt.speedup
+        if attempt.correct and attempt.speedup is not None:
+            self._note_first(attempt.step or 0, attempt.speedup)
+
+    def _note_first(self, step: int, speedup: float) -> None:
+        """The first correct kernel is the earliest step's, not the first to finish: with several trajectories a
+        later step's kernel can finish before the baseline's (step 1), which is what a run improves on."""
+        if self._first_step is None or step < self._first_step:
+            self.first_speedup, self._first_step = speedup, step
 
     async def load_codes(self) -> None:
         """Fetch the code of the best restored attempt (a resumed llm trajectory starts from it)."""

@@ -163,7 +163,9 @@ class RunSummary(BaseModel):
     reason: str
     steps: int
     attempts: list[AttemptLine]
-    first_speedup: float | None = Field(None, description="the first correct, benchmarked attempt's speedup")
+    first_speedup: float | None = Field(
+        None, description="the speedup of the correct, benchmarked attempt of the earliest step"
+    )
     best_attempt_id: int | None = None
     best_speedup: float | None = None
     best_path: str | None = None

@@ -197,6 +197,24 @@ def test_parallel_search_climbs_several_neighbours_at_once_and_keeps_each_shapes
     assert winners["long"].speedup == pytest.approx(5.0)
 
 
+def test_parallel_search_builds_its_first_explores_beside_the_baseline(tmp_path: Path) -> None:
+    """With three trajectories, the first three proposals come at once, none waiting on the baseline's result:
+    the baseline and two explored points, whose builds then run side by side."""
+    from kernelloop.agent.templates import BaselineKernel
+
+    config = AgentRunConfig(problem="toy", backend="cpu", proposer="search", iterations=20, seed=5, parallel=3)
+    search = SearchProposer(config, templates=[_template(tmp_path)], baseline=BaselineKernel(name="naive", code="# n"))
+
+    async def first_three() -> list[Proposal | ProposerDone]:
+        view = LoopView(run_id=1, step=1)
+        return await asyncio.wait_for(asyncio.gather(*(search.propose(t, view) for t in range(3))), timeout=5)
+
+    proposals = asyncio.run(first_three())
+    assert all(isinstance(p, Proposal) for p in proposals), proposals
+    rationales = [p.rationale for p in proposals if isinstance(p, Proposal)]
+    assert "baseline" in rationales[0] and all(r.startswith("search: explore") for r in rationales[1:]), rationales
+
+
 def test_search_refuses_a_problem_without_templates_saying_what_a_problem_folder_holds(tmp_path: Path) -> None:
     reference = REPO / "reference_problems" / "causal_conv1d"
     bare = tmp_path / "19_Conv.py"
@@ -295,6 +313,21 @@ def test_the_loop_counts_what_the_service_counts() -> None:
             ),
         )
     assert loop.best() == (7, 1.5)
+
+
+def test_the_first_kernel_is_the_earliest_steps_even_when_it_finishes_last() -> None:
+    """With several trajectories a later step can finish before step 1 (the baseline): the run's "first correct
+    kernel", which its improvement is measured from, is still step 1's."""
+    config = AgentRunConfig(problem="causal_conv1d", backend="cpu", proposer="search", parallel=2)
+    loop = RunLoop(config, None, None, 1, Progress(io.StringIO(), quiet=True))  # type: ignore[arg-type]
+    for step, attempt, speedup in ((2, 8, 2.5), (1, 7, 0.03), (3, 9, 2.7)):
+        outcome = Outcome(
+            step=step, trajectory=step % 2, tool="evaluate", attempt_id=attempt, status="passed", correct=True,
+            speedup=speedup,
+        )  # fmt: skip
+        loop._record(step % 2, Proposal(code=str(attempt)), outcome)
+    assert loop.first_speedup == pytest.approx(0.03)
+    assert loop.best() == (9, 2.7)
 
 
 # ------------------------------------------------------------------------------------------ conversation

@@ -2,7 +2,10 @@
 
 1. Baseline: the problem's naive kernel (a BASELINE template, else example_<backend>.py), evaluated in full.
 2. Explore: each template at its defaults plus seeded random points of the spaces, evaluated with a
-   short benchmark (rung 0).
+   short benchmark (rung 0). They are queued with the baseline, which they do not depend on: with several
+   trajectories their builds run beside the baseline's (a cold build of a naive kernel is often the
+   slowest of the run) instead of after it, and the device has work while it builds. An explored kernel
+   proposed before the baseline's attempt exists has no parent.
 3. Successive halving: the better half of what passed is re-timed with twice the timing budget, and
    again, until one is left: cheap, since re-timing reuses the build.
 4. Climb: neighbours of the incumbent (one parameter moved to an adjacent choice) at the full budget,
@@ -200,7 +203,7 @@ class SearchProposer:
                     self._budget(0),
                     f"search: the baseline ({self.baseline.name}), the point the search improves on",
                 )
-                return True
+            # no explore candidate depends on the baseline's result: planned with it, their builds run beside its
         if state.phase == "explore":
             state.phase = "halving"
             state.rung, state.rung_members = 0, []
