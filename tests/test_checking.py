@@ -5,6 +5,8 @@ it, an output of NaN and Inf together, a mismatch far into a non-contiguous outp
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import torch
 
@@ -74,3 +76,19 @@ def test_an_empty_output_matches_an_empty_truth():
     check = checking.compare(torch.empty(0, 4), torch.empty(0, 4, dtype=torch.float64), 1e-5)
 
     assert check.status == Status.passed and check.mismatches == 0 and check.max_abs_error == 0.0
+
+
+def test_a_failed_check_does_not_import_sympy():
+    """Naming the first mismatch must stay cheap in a fresh worker: torch.unravel_index imports sympy on its
+    first call, which cost every test 2.4 s on the H200 (each job's worker is a fresh process)."""
+    script = (
+        "import sys, torch\n"
+        "from kernelloop.tools import checking\n"
+        "truth = torch.randn(2, 3, 50, dtype=torch.float64)\n"
+        "got = truth.float(); got[1, 2, 40] += 1.0\n"
+        "exact = checking.compare(got, truth, 1e-3)\n"
+        "close = checking.compare_allclose(got, [truth.float()], 1e-4, 1e-4)\n"
+        "print(exact.first_mismatch.index, close.first_mismatch.index, 'sympy' in sys.modules)\n"
+    )
+    answer = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert answer.stdout.split() == ["[1,", "2,", "40]", "[1,", "2,", "40]", "False"], answer.stdout + answer.stderr

@@ -126,8 +126,21 @@ def _first_mismatch(bad: torch.Tensor, got: torch.Tensor, truth: torch.Tensor) -
     """The first mismatching element, by argmax (which gives the first of equal values): a TF32 kernel under the
     kernelbench policy mismatches in millions of elements, and listing them all (nonzero) took most of a check."""
     flat = int(bad.contiguous().flatten().view(torch.uint8).argmax().item())
-    index = [int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(bad.shape))] if bad.dim() else []
-    return Mismatch(index=index, got=float(got.flatten()[flat].item()), expected=float(truth.flatten()[flat].item()))
+    return Mismatch(
+        index=_unravel(flat, tuple(bad.shape)),
+        got=float(got.flatten()[flat].item()),
+        expected=float(truth.flatten()[flat].item()),
+    )
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    """The index of element `flat` of a row-major tensor of this shape. Not torch.unravel_index: its first call
+    imports sympy, 2.4 s of every test on the H200 (a fresh worker per job pays it each time)."""
+    index = []
+    for size in reversed(shape):
+        flat, position = divmod(flat, size)
+        index.append(position)
+    return index[::-1]
 
 
 def _compare_exactly(got: torch.Tensor, truth: torch.Tensor) -> ShapeCheck:
