@@ -319,8 +319,8 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
 
 def _make_room(device: torch.device, check_bytes: int | None) -> None:
     """Before a large check, empty the allocator's cache (the last check's copies, cached in blocks of other
-    sizes) if the device has too little free for this one. Not before every large check: its garbage collection
-    alone took about a second of each causal conv1d test (twelve large checks), on a device with room to spare."""
+    sizes) if the device has too little free for this one. Not before every large check: a causal conv1d test
+    has twelve, and each emptying begins with a garbage collection of the judge (0.1 s on a 2-core machine)."""
     needed = check_bytes or 0
     if device.type != "cuda" or needed <= LARGE_CHECK_BYTES:
         return
