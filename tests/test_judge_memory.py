@@ -1,5 +1,5 @@
 """The judge's device memory between checks: a large check empties the allocator's cache only when the device is
-short of room for it. Emptying it before every large check cost each causal conv1d test twelve garbage collections
+short of room for it. Emptying it before every large check cost each causal conv1d test six garbage collections
 on an H200 with room to spare; never emptying it ran a KernelBench input out of memory there."""
 
 from __future__ import annotations

@@ -320,7 +320,7 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
 def _make_room(device: torch.device, check_bytes: int | None) -> None:
     """Before a large check, empty the allocator's cache (the last check's copies, cached in blocks of other
     sizes) if the device has too little free for this one. Not before every large check: a causal conv1d test
-    has twelve, and each emptying begins with a garbage collection of the judge (0.1 s on a 2-core machine)."""
+    has six, and each emptying begins with a garbage collection of the judge (0.1 s on a 2-core machine)."""
     needed = check_bytes or 0
     if device.type != "cuda" or needed <= LARGE_CHECK_BYTES:
         return

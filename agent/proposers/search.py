@@ -203,7 +203,7 @@ class SearchProposer:
                     self._budget(0),
                     f"search: the baseline ({self.baseline.name}), the point the search improves on",
                 )
-            # no explore candidate depends on the baseline's result: planned with it, their builds run beside its
+            # no explore candidate depends on the baseline's result: planned with it, they build beside it
         if state.phase == "explore":
             state.phase = "halving"
             state.rung, state.rung_members = 0, []
