@@ -84,7 +84,10 @@ class Progress:
         best = f"best {_speed(outcome.best_speedup)}" + (
             f" (#{outcome.best_attempt_id})" if outcome.best_attempt_id else ""
         )
-        regressed = ", regression: back to the best" if outcome.regressed else ""
+        regressed = ""
+        if outcome.regressed:  # a kernel with no parent (the baseline, finishing after better ones) fell from nothing
+            fell = outcome.parent_attempt_id is not None
+            regressed = ", regression: back to the best" if fell else ", behind the best, which its trajectory takes up"
         self._print(
             f"{self._stamp()}  step {outcome.step:>3}    -> {', '.join(parts)} [{outcome.seconds:.1f} s]"
             f" | {best}{regressed}"

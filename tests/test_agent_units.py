@@ -330,6 +330,22 @@ def test_the_first_kernel_is_the_earliest_steps_even_when_it_finishes_last() -> 
     assert loop.best() == (9, 2.7)
 
 
+def test_a_kernel_without_a_parent_is_behind_the_best_not_a_regression() -> None:
+    """The baseline can finish after better kernels when trajectories run side by side: it is slower than the best,
+    but it fell from nothing, so its line does not call it a regression; a child slower than the best does."""
+    stream = io.StringIO()
+    progress = Progress(stream)
+    for parent in (None, 7):
+        outcome = Outcome(
+            step=1, trajectory=0, tool="evaluate", attempt_id=9, parent_attempt_id=parent, status="passed",
+            correct=True, speedup=0.03, best_attempt_id=8, best_speedup=2.5, regressed=True,
+        )  # fmt: skip
+        progress.outcome(outcome, Proposal(code="x"))
+    baseline_line, child_line = stream.getvalue().splitlines()
+    assert "behind the best" in baseline_line and "regression" not in baseline_line
+    assert "regression: back to the best" in child_line
+
+
 # ------------------------------------------------------------------------------------------ conversation
 
 
