@@ -6,7 +6,7 @@ import os
 import platform
 
 from kernelloop.contract import DevicesReport, ProblemDetail
-from kernelloop.tools.devices import DATASHEET
+from kernelloop.tools.judge.devices import DATASHEET
 from kernelloop.tools.problems import describe_policy
 from kernelloop.tools.results import Backend
 

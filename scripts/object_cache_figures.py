@@ -18,7 +18,8 @@ import time
 
 from submission_arguments import data_folder, submission_parser
 
-from kernelloop.tools import api, header_cache, object_cache
+from kernelloop.tools import api
+from kernelloop.tools.build import header_cache, object_cache
 from kernelloop.tools.results import CompileResult
 from kernelloop.tools.settings import SandboxSettings
 

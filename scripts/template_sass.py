@@ -15,11 +15,19 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from kernelloop.tools.toolchain import cuda_home
+from kernelloop.tools.build.toolchain import cuda_home
 
 DEFAULT_POINTS = {
     "default": {},
-    "small": {"BN": 64, "NWG": 1, "MT": 1, "BC": 16, "STAGES": 4, "G": 2, "ROUND_X": 2},  # tests/test_templates.py
+    "small": {
+        "BN": 64,
+        "NWG": 1,
+        "MT": 1,
+        "BC": 16,
+        "STAGES": 4,
+        "G": 2,
+        "ROUND_X": 2,
+    },  # tests/problems/test_templates.py
     "bn256_nwg1": {"BN": 256, "NWG": 1, "MT": 1},
     "g4_minb2": {"G": 4, "MINB": 2, "BC": 32},
     "bc8_g1_wres0": {"BC": 8, "G": 1, "WRES": 0, "TMA": 0},

@@ -22,7 +22,7 @@ from kernelloop.server.service import Service
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.server.web import pages
 from kernelloop.storage.database import open_database, sqlite_path
-from kernelloop.tools.sandbox import UNSAFE, SandboxUnavailable, available_isolation
+from kernelloop.tools.sandbox.launch import UNSAFE, SandboxUnavailable, available_isolation
 
 log = logging.getLogger("kernelloop.server")
 

@@ -15,14 +15,15 @@ from typing import Literal, Protocol
 from pydantic import BaseModel
 
 from kernelloop.contract import NodeInfo
-from kernelloop.tools import api, header_cache, object_cache
+from kernelloop.tools import api
 from kernelloop.tools.api import Progress
+from kernelloop.tools.build import header_cache, object_cache
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import Phase
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import Backend, PhaseResult
+from kernelloop.tools.sandbox.worker_pool import WorkerPool
 from kernelloop.tools.settings import SandboxSettings
-from kernelloop.tools.worker_pool import WorkerPool
 
 ROOMY_CORES = 8
 """a host without a GPU needs this many cores before the service does work ahead (spares, headers)"""

@@ -1,7 +1,7 @@
 """Registering a problem: its file is imported and its Model built only inside the sandbox.
 
 `check_problem` first parses the source here (parsing runs nothing), then has a sandboxed worker
-(`kernelloop.tools.problem_worker`) load the file, build Model for every shape and call get_inputs(),
+(`kernelloop.tools.judge.problem_worker`) load the file, build Model for every shape and call get_inputs(),
 and send the resulting ProblemSpec back. Nothing in the file runs in the service.
 """
 
@@ -12,9 +12,9 @@ import ast
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.tools.jobs import ProblemCheckJob, ProblemCheckReply
 from kernelloop.tools.problems import ProblemSpec
-from kernelloop.tools.worker_call import JobFolder, call_worker
+from kernelloop.tools.sandbox.worker_call import JobFolder, call_worker
 
-PROBLEM_WORKER_MODULE = "kernelloop.tools.problem_worker"
+PROBLEM_WORKER_MODULE = "kernelloop.tools.judge.problem_worker"
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 
 

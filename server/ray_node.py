@@ -26,12 +26,13 @@ import ray
 from pydantic import BaseModel
 
 from kernelloop.server.executor import StepRequest, start_host_helpers
-from kernelloop.tools import api, build_cache
+from kernelloop.tools import api
+from kernelloop.tools.build import build_cache
 from kernelloop.tools.phase_registry import PHASES
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import PhaseResultAny, Status
+from kernelloop.tools.sandbox.worker_pool import WorkerPool
 from kernelloop.tools.settings import SandboxSettings
-from kernelloop.tools.worker_pool import WorkerPool
 
 NODE_DATA_DIR = Path(tempfile.gettempdir()) / "kernelloop-node"
 """a node's data folder when KERNELLOOP_DATA_DIR is not an absolute path there"""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
-from kernelloop.tools import build_cache, object_cache, toolchain, verdict_cache
+from kernelloop.tools.build import build_cache, object_cache, toolchain, verdict_cache
 from kernelloop.tools.jobs import EvalOptions, WorkerJob, WorkerReply
 from kernelloop.tools.phase_registry import PHASES, Phase
 from kernelloop.tools.problems import ProblemSpec, load_problem, memory_problem
@@ -26,13 +26,13 @@ from kernelloop.tools.results import (
     TestResult,
     compile_part,
 )
+from kernelloop.tools.sandbox.worker_call import JobFolder, call_worker
+from kernelloop.tools.sandbox.worker_pool import WorkerPool
 from kernelloop.tools.settings import SandboxSettings, get_sandbox_settings
-from kernelloop.tools.worker_call import JobFolder, call_worker
-from kernelloop.tools.worker_pool import WorkerPool
 
 Progress = Callable[[PhaseResult], None]
 """Called with the result-so-far each time the worker reports a step (the service streams these)."""
-WORKER_MODULE = "kernelloop.tools.worker"
+WORKER_MODULE = "kernelloop.tools.judge.worker"
 
 
 def default_backend() -> Backend:

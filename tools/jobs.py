@@ -84,7 +84,7 @@ class WorkerReply(BaseModel):
 
 
 class ProblemCheckJob(BaseModel):
-    """A problem file to load and exercise in the sandbox (`python -m kernelloop.tools.problem_worker`)."""
+    """A problem file to load and exercise in the sandbox (`python -m kernelloop.tools.judge.problem_worker`)."""
 
     path: str
     name: str

@@ -2,7 +2,7 @@
 
 Everything else that names a phase (the worker's dispatch, the tool functions, the service's routes and
 queue, the tool schemas an agent reads, the command line) is derived from `PHASES` and `TOOLS`, so adding
-a phase means a row here and its worker function in `kernelloop.tools.phases`.
+a phase means a row here and its worker function in `kernelloop.tools.judge.phases`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class PhaseSpec:
     timeout_setting: str
     """the SandboxSettings field holding its worker's wall-clock limit"""
     worker: str
-    """the function of kernelloop.tools.phases the worker calls (imported there, after the job is read)"""
+    """the function of kernelloop.tools.judge.phases the worker calls (imported there, after the job is read)"""
     shape_kinds: tuple[ShapeKind, ...]
     """the kinds of shape it needs at least one of, each"""
     needs_gpu: bool

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from kernelloop.tools import toolchain
+from kernelloop.tools.build import toolchain
 from kernelloop.tools.results import Backend, TolerancePolicy
 
 PROBLEMS_DIR = Path(__file__).resolve().parent.parent / "reference_problems"

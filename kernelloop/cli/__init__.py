@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-from kernelloop.tools.sandbox import SandboxUnavailable
+from kernelloop.tools.sandbox.launch import SandboxUnavailable
 
 GROUPS = ("tools", "serve", "history", "agent", "suite", "mcp_stdio")
 GROUP_OF = {

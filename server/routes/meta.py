@@ -19,7 +19,7 @@ from kernelloop.server.tool_schemas import tool_definitions, tool_endpoints
 from kernelloop.storage import problems, queue
 from kernelloop.storage.database import describe_url
 from kernelloop.storage.models import SCHEMA_VERSION
-from kernelloop.tools.sandbox import available_isolation
+from kernelloop.tools.sandbox.launch import available_isolation
 
 router = APIRouter(prefix="/v1", tags=["service"])
 

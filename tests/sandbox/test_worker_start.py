@@ -1,0 +1,228 @@
+"""How fast a job's worker is up, and at what cost: the runner is forked from a judge that imported torch (one
+import a job, not two), and a service starts the next job's worker while the lane is busy."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ONE_CHECK, PROBLEM, fresh_interpreter
+from server_fixtures import scaled_relu_problem
+
+from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import ProblemSpec, load_problem
+from kernelloop.tools.results import Status
+from kernelloop.tools.sandbox.worker_pool import Spare, SpareKind, WorkerPool
+
+
+def test_the_runner_is_forked_from_the_judge_after_torch_with_nothing_of_the_judges_open() -> None:
+    # the judge's private result pipe exists before the runner does, as in tools/judge/worker.py
+    code = (
+        "import json, os, sys\n"
+        "r, w = os.pipe()\n"
+        "from kernelloop.tools.judge.runner_link import RunnerLink\n"
+        "link = RunnerLink()\n"
+        "pid = link.process.pid\n"
+        "stat = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()\n"
+        "print((int(stat[11]) + int(stat[12])) / os.sysconf('SC_CLK_TCK'))\n"
+        "print(open(f'/proc/{pid}/cmdline', 'rb').read() == open('/proc/self/cmdline', 'rb').read())\n"
+        "import time\n"
+        "for _ in range(500):  # until the runner serves: it closes what it must not keep before that\n"
+        "    fds = sorted(int(fd) for fd in os.listdir(f'/proc/{pid}/fd'))\n"
+        "    if len(fds) <= 4: break\n"
+        "    time.sleep(0.01)\n"
+        "print(json.dumps([fds, r, w]))\n"
+        "print(os.readlink(f'/proc/{pid}/fd/0'))\n"
+        "link.close()\n"
+    )
+    cpu_s, forked, fds, stdin = fresh_interpreter(code)
+    assert float(cpu_s) < 0.5, f"the runner spent {cpu_s} s of CPU before its first request: it imported torch again"
+    assert forked == "True"
+    listed, r, w = json.loads(fds)
+    assert r not in listed and w not in listed, fds  # the judge's pipe stays the judge's
+    assert len(listed) == 4 and stdin == "/dev/null", (fds, stdin)  # its output, /dev/null, its socket
+
+
+# ---- workers started ahead of their jobs ----------------------------------------------------------------------
+
+RELU_CANDIDATE = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return torch.clamp(x, min=0) * 2.0
+"""
+
+
+@pytest.fixture
+def relu_problem(tmp_path: Path) -> ProblemSpec:
+    path = tmp_path / "scaled_relu.py"
+    path.write_text(scaled_relu_problem())
+    return load_problem(str(path))
+
+
+def _sandbox_processes(jobs_dir: Path) -> list[str]:
+    """Command lines of live processes whose job folder is under `jobs_dir` (bubblewrap's own included)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and str(jobs_dir) in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_a_job_takes_the_worker_started_ahead_and_the_pool_ends_its_spares(workspace, relu_problem) -> None:
+    pool = WorkerPool(max_spares=2)
+    options = EvalOptions(seeds=1)
+    try:
+        first = api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        assert first.status == Status.passed, first.message
+        assert first.sandbox is not None and not first.sandbox.prestarted  # nothing was started before it
+        deadline = time.monotonic() + 60
+        while len(pool) == 0 and time.monotonic() < deadline:  # the spare starts in the background
+            time.sleep(0.1)
+        time.sleep(3)  # and imports torch in both of its processes
+        second = api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+    finally:
+        pool.close()
+    assert second.status == Status.passed, second.message
+    assert second.sandbox is not None and second.sandbox.prestarted
+    # the second job found its judge and runner imported: handing it over took well under a second
+    assert second.step_seconds["worker_start"] < 0.5, second.step_seconds
+    assert second.step_seconds["worker_start"] < first.step_seconds["worker_start"] / 2, (first, second)
+    assert second.step_seconds["runner_start"] < first.step_seconds["runner_start"] + 0.5
+    # the spare the second job left behind, started in the background, is ended by close()
+    time.sleep(1)
+    assert _sandbox_processes(workspace.settings.jobs_dir) == []
+    assert not list(workspace.settings.jobs_dir.glob("spare-*"))
+
+
+def test_two_jobs_back_to_back_both_start_warm(workspace, relu_problem) -> None:
+    """A kind keeps two spares: the second of two jobs run one after the other takes the spare started a job
+    earlier (ready), not the one its predecessor's start began (still importing torch)."""
+    pool = WorkerPool(max_spares=4)
+    options = EvalOptions(seeds=1)
+    try:
+        api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        deadline = time.monotonic() + 60
+        while len(pool) < 2 and time.monotonic() < deadline:  # both spares start in the background
+            time.sleep(0.1)
+        assert len(pool) == 2
+        time.sleep(4)  # and import torch in both of their processes
+        results = [
+            api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+            for _ in range(2)
+        ]
+    finally:
+        pool.close()
+    for result in results:
+        assert result.status == Status.passed, result.message
+        assert result.sandbox is not None and result.sandbox.prestarted
+        assert result.step_seconds["worker_start"] < 0.5, result.step_seconds
+    time.sleep(1)
+    assert _sandbox_processes(workspace.settings.jobs_dir) == []
+
+
+def test_a_spare_serves_only_jobs_of_its_kind(workspace, relu_problem, tmp_path: Path) -> None:
+    """A worker shows one problem's folder read-only: a job for a problem kept elsewhere starts its own."""
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    other_path = other_dir / "scaled_relu_3.py"
+    other_path.write_text(scaled_relu_problem(scale=3.0))
+    other = load_problem(str(other_path))
+    pool = WorkerPool(max_spares=1)
+    options = EvalOptions(seeds=1)
+    try:
+        api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        deadline = time.monotonic() + 60
+        while len(pool) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        result = api.run_phase("test", other, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+    finally:
+        pool.close()
+    # the candidate doubles; this problem triples: the judge used the right problem, in a worker of its own
+    assert result.status == Status.wrong_result, result.message
+    assert result.sandbox is not None and not result.sandbox.prestarted
+
+
+class _StandInWorker:
+    """What the pool calls on a worker, without a sandbox behind it."""
+
+    def __init__(self) -> None:
+        self.discarded = False
+
+    def alive(self) -> bool:
+        return not self.discarded
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
+def test_every_kind_keeps_its_first_spare_and_seconds_take_only_room(tmp_path: Path) -> None:
+    pool = WorkerPool(max_spares=4)
+    started: list[tuple[str, _StandInWorker]] = []
+
+    def starter(name: str):  # type: ignore[no-untyped-def]
+        def start() -> Spare:
+            worker = _StandInWorker()
+            started.append((name, worker))
+            return Spare(worker=worker, folder=tmp_path / f"{name}-{len(started)}")  # type: ignore[arg-type]
+
+        return start
+
+    kinds = {name: SpareKind(module=name, read_only=(), settings="{}") for name in ("cpu", "gpu0", "gpu1")}
+
+    def settle(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(started) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+
+    try:
+        pool.refill(kinds["cpu"], starter("cpu"))
+        settle(2)
+        assert len(pool) == 2  # a kind's first job: two spares
+        pool.refill(kinds["gpu0"], starter("gpu0"))
+        settle(4)
+        assert len(pool) == 4 and [n for n, _ in started] == ["cpu", "cpu", "gpu0", "gpu0"]
+        pool.refill(kinds["gpu1"], starter("gpu1"))  # no room: its first spare ends the oldest (a cpu one)
+        settle(5)
+        assert len(pool) == 4 and [n for n, w in started if w.discarded] == ["cpu"]
+        assert all(pool.take(kind) is not None for kind in kinds.values())  # each kind kept one
+        pool.refill(kinds["gpu0"], starter("gpu0"))  # gpu0 still has one and the pool has room for a second
+        settle(6)
+        assert [n for n, _ in started][-1] == "gpu0" and len(pool) == 2
+    finally:
+        pool.close()
+    # the three taken are their callers'; the evicted one and the two left at close() are ended
+    assert sum(w.discarded for _, w in started) == len(started) - 3 == 3
+
+
+# A submission that says what CPU priority it was imported at, instead of building.
+PRIORITY_PROBE = """
+import os
+session = open("/proc/self/autogroup").read().split()[-1] if os.path.exists("/proc/self/autogroup") else "none"
+raise RuntimeError(f"imported at nice {os.getpriority(os.PRIO_PROCESS, 0)}, session at {session}")
+"""
+AUTOGROUPS = Path("/proc/self/autogroup").exists()
+
+
+def test_a_compile_builds_at_a_lower_cpu_priority_than_a_test_judges(kl) -> None:
+    # on a GPU host the search's builds share the cores with the judge of the test on the GPU lane
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    compiled = api.compile_kernel(PROBLEM, PRIORITY_PROBE, "cpu", settings=kl.settings)
+    tested = api.run_tests(PROBLEM, PRIORITY_PROBE, "cpu", ONE_CHECK, kl.settings)
+    assert compiled.status == tested.compile.status == Status.compile_error
+    # where Linux shares the CPU by session first (autogroup), a job is a session, and its share is lowered too
+    lowered = f"{kl.settings.build_nice}" if AUTOGROUPS else "none"
+    kept = "0" if AUTOGROUPS else "none"
+    assert f"imported at nice {min(19, own + kl.settings.build_nice)}, session at {lowered}" in compiled.message, (
+        compiled.message
+    )
+    assert f"imported at nice {own}, session at {kept}" in tested.message, tested.message
+    assert kl.settings.build_nice > 0  # the default lowers it

@@ -1,0 +1,126 @@
+"""In the judge: the sampling loop of a benchmark, and the judge's own clocks.
+
+Subjects alternate sample by sample (the order reversed every other round), so clock and thermal drift
+hit them alike; `before_round(i)` redraws input set `i` before each round and `after_round(i)` checks its
+outputs. Sampling stops when every subject's standard error is under `target_rel_se` of its mean (after
+`min_samples`), at `max_samples`, or when the time budget is spent: the budget is a cap, so no caller can
+hold a lane longer by asking for many samples (three samples are taken whatever the budget).
+
+The judge times what it trusts (the reference, torch.compile of it) itself, as `triton.testing.do_bench`
+does: a short GPU spin lets the host launch ahead, then start event, call, end event. Before every sample
+of any subject, on the GPU, L2 is flushed (a write of twice its size) and persisting L2 lines are reset.
+The candidate is timed by its runner, and that time is only believed within what the judge's own wall
+clock around the call (the envelope) can account for.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernelloop.tools.judge import l2_cache
+from kernelloop.tools.results import Timing
+
+SLEEP_CYCLES = 1_000_000  # about 0.5 ms at Hopper's clocks
+MIN_SAMPLES_UNDER_CAP = 3  # a median needs a few samples, even when one call outlasts the time budget
+
+
+def summarize(samples_ms: list[float]) -> Timing:
+    return Timing(
+        median_ms=statistics.median(samples_ms),
+        mean_ms=statistics.fmean(samples_ms),
+        std_ms=statistics.stdev(samples_ms) if len(samples_ms) > 1 else 0.0,
+        min_ms=min(samples_ms),
+        max_ms=max(samples_ms),
+        n=len(samples_ms),
+    )
+
+
+class Clock:
+    """The judge's clock on one device: `time` for trusted callables, `clear` before a runner's call."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.flush_buffer: torch.Tensor | None = None
+        self.reset_l2 = lambda: None
+        if device.type == "cuda":
+            l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20)
+            self.flush_buffer = torch.empty(max(2 * l2_bytes, 256 << 20) // 4, dtype=torch.float32, device=device)
+            self.reset_l2 = l2_cache.persisting_reset()
+
+    def clear(self) -> None:
+        """Flush L2 and reset persisting lines, and wait for it: the device is idle and cold afterwards."""
+        if self.flush_buffer is not None:
+            self.flush_buffer.zero_()
+            self.reset_l2()
+            torch.cuda.synchronize()
+
+    def time(self, call: Callable[[], Any]) -> tuple[float, Any]:
+        """Milliseconds of one call of trusted code, and what it returned."""
+        if self.flush_buffer is None:
+            started = time.perf_counter()
+            out = call()
+            return (time.perf_counter() - started) * 1e3, out
+        self.flush_buffer.zero_()
+        self.reset_l2()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end), out
+
+
+def measure(
+    subjects: dict[str, Callable[[int], float]],
+    *,
+    before_round: Callable[[int], None],
+    after_round: Callable[[int], None],
+    n_sets: int,
+    budget_s: float,
+    min_samples: int,
+    max_samples: int,
+    target_rel_se: float = 0.01,
+    warmup_rounds: int = 3,
+) -> dict[str, list[float]]:
+    """Samples of each subject (a callable taking the input set's index and returning milliseconds)."""
+    samples: dict[str, list[float]] = {name: [] for name in subjects}
+
+    def one_round(index: int, keep: bool) -> None:
+        set_index = index % n_sets
+        before_round(set_index)
+        names = list(subjects) if index % 2 == 0 else list(reversed(subjects))
+        for name in names:
+            elapsed = subjects[name](set_index)
+            if keep:
+                samples[name].append(elapsed)
+        after_round(set_index)
+
+    for index in range(warmup_rounds):
+        one_round(index, keep=False)
+    deadline = time.monotonic() + budget_s
+    rounds = 0
+    while True:
+        one_round(rounds, keep=True)
+        rounds += 1
+        if rounds >= max_samples:
+            break
+        if time.monotonic() > deadline and rounds >= MIN_SAMPLES_UNDER_CAP:  # the budget is a cap
+            break
+        if rounds < min_samples:
+            continue
+        if all(_relative_standard_error(s) < target_rel_se for s in samples.values()):
+            break
+    return samples
+
+
+def _relative_standard_error(samples_ms: list[float]) -> float:
+    mean = statistics.fmean(samples_ms)
+    if mean <= 0 or len(samples_ms) < 2:
+        return float("inf")
+    return statistics.stdev(samples_ms) / len(samples_ms) ** 0.5 / mean

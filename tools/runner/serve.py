@@ -1,0 +1,370 @@
+"""The candidate's process, forked by the judge (`kernelloop.tools.judge.runner_link`), serving on its socket.
+
+It builds and imports the submission, runs ModelNew on inputs the judge shared, and copies the outputs into
+the judge's buffers. Everything it answers is a report for the judge to check, never a verdict: after the
+import it runs beside code that may rewrite any of it. What must be honest before that (the overhead of a
+timed call, calibrated on the reference; the L2 reset and the clock) is set up before the import.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import resource
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch.autograd import profiler_legacy
+
+from kernelloop.tools.build import build_cache
+from kernelloop.tools.build.diagnostics import python_error_diagnostics
+from kernelloop.tools.judge import l2_cache
+from kernelloop.tools.problems import import_problem_module
+from kernelloop.tools.results import CompileResult, Status
+from kernelloop.tools.runner import candidate
+from kernelloop.tools.runner.channel import Channel, ChannelBroken
+from kernelloop.tools.runner.messages import (
+    Call,
+    Called,
+    Finish,
+    Finished,
+    Load,
+    Loaded,
+    Observe,
+    Observed,
+    Prepare,
+    Prepared,
+    Reply,
+    ReplyEnvelope,
+    RequestEnvelope,
+    Start,
+    Started,
+)
+from kernelloop.tools.runner.shared_tensors import open_shared
+
+_synchronize = torch.cuda.synchronize
+_Event = torch.cuda.Event
+_perf_counter = time.perf_counter
+_enable_observer = torch.autograd._enable_profiler_legacy
+_disable_observer = torch.autograd._disable_profiler_legacy
+_OBSERVER_CONFIG = profiler_legacy.profile().config()  # CPU operator events only, no shapes, no stacks
+
+
+def _in_mode(model: torch.nn.Module, training_mode: bool) -> torch.nn.Module:
+    """As constructed (training mode, as KernelBench calls models), or in eval mode."""
+    return model if training_mode else model.eval()
+
+
+def _placed(model: torch.nn.Module, device: torch.device, cast: torch.dtype | None) -> torch.nn.Module:
+    model = model.to(device)
+    return model.to(cast) if cast is not None else model
+
+
+def _why_no_gpu() -> str:
+    """What CUDA says when torch finds no GPU: none bound into the sandbox, or a driver that failed to start."""
+    nodes = sorted(p.name for p in Path("/dev").glob("nvidia*"))
+    try:
+        torch.cuda.init()
+        reason = "torch.cuda.init() succeeded late"
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+    return f"{reason}; CUDA_VISIBLE_DEVICES={visible}; device nodes: {', '.join(nodes) or 'none'}"
+
+
+class Runner:
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self.device = torch.device("cpu")
+        self.problem_module: ModuleType | None = None
+        self.model_new: type[torch.nn.Module] | None = None
+        self.model: torch.nn.Module | None = None
+        self.input_sets: list[list[Any]] = []
+        self.output_slots: list[list[torch.Tensor]] = []
+        self.wants_gpu = False
+        self.reset_l2 = lambda: None
+        self.launch_overhead_ms = 0.0
+        self.no_gpu_reason = ""
+        self.observing = False
+        self.observer_stopped = False
+
+    def serve(self) -> None:
+        while True:
+            envelope, fds = self.channel.receive(RequestEnvelope, timeout_s=None)
+            request = envelope.request
+            reply: Reply
+            if isinstance(request, Start):
+                reply = self.start(request)
+            elif isinstance(request, Load):
+                reply = self.load(request)
+            elif isinstance(request, Prepare):
+                reply = self.prepare(request, fds)
+            elif isinstance(request, Call):
+                reply = self.call(request)
+            elif isinstance(request, Observe):
+                reply = Observed(ops=self.stop_observing())
+            else:
+                assert isinstance(request, Finish)
+                reply = Finished()
+            for fd in fds:
+                os.close(fd)
+            self.channel.send(ReplyEnvelope(reply=reply))
+            if isinstance(request, Finish):
+                return
+
+    # ---- start and load ---------------------------------------------------------------------------------
+
+    def start(self, request: Start) -> Started:
+        self.wants_gpu = request.backend == "cuda"
+        has_gpu = self.wants_gpu and torch.cuda.is_available()
+        if self.wants_gpu and not has_gpu:
+            self.no_gpu_reason = _why_no_gpu()
+        self.device = torch.device("cuda" if has_gpu else "cpu")
+        try:
+            self.problem_module = import_problem_module(Path(request.problem_path))
+        except Exception as exc:
+            return Started(error=f"the problem failed to load: {exc}")
+        if has_gpu and request.timing:  # a compile or a test times nothing: no flush buffer, no calibration
+            self.reset_l2 = l2_cache.persisting_reset()
+            self.launch_overhead_ms = self._launch_overhead_ms(_flush_buffer(self.device))
+        if has_gpu:
+            return Started(device=torch.cuda.get_device_name(self.device), launch_overhead_ms=self.launch_overhead_ms)
+        return Started(
+            device="none (no GPU visible: built, imported and constructed on the CPU)" if self.wants_gpu else "cpu"
+        )
+
+    def load(self, request: Load) -> Loaded:
+        result = CompileResult(
+            status=Status.passed,
+            problem=request.problem,
+            backend=request.backend,
+            cache_key=request.cache_key,
+            cache_hit=request.cache_hit,
+        )
+        os.environ["TORCH_EXTENSIONS_DIR"] = request.build_dir
+        if self.observing:  # the build and import are not calls: nothing of theirs is the candidate's forward
+            self._stop_observer()
+        started, compilers_before = time.perf_counter(), _children_cpu_seconds()
+        try:
+            module = candidate.import_submission(request.code, Path(request.submission_path))
+            build_cache.mark_built(Path(request.build_dir))  # the service keeps the build once the job has ended
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt from submitted code are failures too
+            result.build_seconds = round(time.perf_counter() - started, 3)
+            result.build_cpu_seconds = round(_children_cpu_seconds() - compilers_before, 3)
+            result.status = Status.compile_error
+            result.diagnostics = python_error_diagnostics(exc, request.code, request.submission_path)
+            first = next((d for d in result.diagnostics if d.severity == "error"), None)
+            where = f"line {first.line}: " if first and first.line else ""
+            result.message = where + (first.message if first else f"{type(exc).__name__}: {exc}")
+            result.log = traceback.format_exc()
+            return Loaded(compile=result)
+        result.build_seconds = round(time.perf_counter() - started, 3)
+        result.build_cpu_seconds = round(_children_cpu_seconds() - compilers_before, 3)
+        self.model_new = candidate.model_new_class(module)
+        if self.model_new is None:
+            result.status, result.message = (
+                Status.missing_model_new,
+                "the submission defines no class ModelNew(nn.Module)",
+            )
+            return Loaded(compile=result)
+        for shape in request.shapes:
+            problem = self._construct(shape.name, shape.init_inputs)
+            if problem is not None:
+                result.status, result.message = problem
+                return Loaded(compile=result)
+            result.shapes_instantiated.append(shape.name)
+        if self.wants_gpu and self.device.type != "cuda" and not request.compile_only:
+            result.status = Status.sandbox_error
+            result.message = (
+                "the cuda backend needs a GPU to test or time, and none is usable here "
+                f"({self.no_gpu_reason}); use the cpu backend"
+            )
+        return Loaded(compile=result)
+
+    def _construct(self, shape: str, init_inputs: list[Any]) -> tuple[Status, str] | None:
+        assert self.model_new is not None and self.problem_module is not None
+        try:
+            inspect.signature(self.model_new).bind(*init_inputs)
+            self.model_new(*init_inputs)
+        except TypeError as exc:
+            return Status.signature_error, (
+                f"ModelNew{tuple(init_inputs)} failed for shape {shape}: {exc}; ModelNew must take the "
+                f"reference's constructor arguments {inspect.signature(self.problem_module.Model)}"
+            )
+        except Exception as exc:
+            return Status.runtime_error, f"ModelNew{tuple(init_inputs)} raised for shape {shape}: {_error_text(exc)}"
+        return None
+
+    # ---- prepare ---------------------------------------------------------------------------------------
+
+    def prepare(self, request: Prepare, fds: list[int]) -> Prepared:
+        assert self.problem_module is not None
+        self.model = self.input_sets = self.output_slots = None  # type: ignore[assignment]
+        torch.manual_seed(request.seed)
+        cast = getattr(torch, request.cast_to) if request.cast_to else None
+        layout = _in_mode(
+            _placed(self.problem_module.Model(*request.shape.init_inputs), self.device, cast), request.training_mode
+        )
+        state = candidate.state_tensors(layout)
+        with torch.no_grad():
+            for name, shared in request.parameters.items():
+                if name in state:
+                    state[name].copy_(open_shared(shared, fds, self.device))
+        mapping = ""
+        if request.model == "reference":
+            self.model = layout
+        else:
+            assert self.model_new is not None
+            try:
+                torch.manual_seed(request.seed)
+                built = _placed(self.model_new(*request.shape.init_inputs), self.device, cast)
+                self.model = _in_mode(built, request.training_mode)
+                mapping = candidate.copy_parameters(layout, self.model)
+            except TypeError as exc:
+                return Prepared(error=f"ModelNew raised {_error_text(exc)}", signature_error=True)
+            except Exception as exc:
+                return Prepared(error=f"building the models raised {_error_text(exc)}")
+        self.input_sets = [
+            [open_shared(a.tensor, fds, self.device) if a.tensor is not None else a.value for a in arguments]
+            for arguments in request.input_sets
+        ]
+        self.output_slots = [[open_shared(s, fds, self.device) for s in slot] for slot in request.output_slots]
+        self._observe_from_now()  # what the reference's calls (calibration) dispatched is not the candidate's
+        return Prepared(parameter_mapping=mapping)
+
+    def _launch_overhead_ms(self, flush_buffer: torch.Tensor) -> float:
+        """What a timed call adds to the kernels it brackets (device-wide synchronizes, the observer), measured
+        on a one-element kernel exactly as `call` times, each sample after an L2-sized write (the judge's flush
+        precedes every timed call; the GPU's clocks are up)."""
+        one = torch.zeros(1, device=flush_buffer.device)
+        samples = []
+        self._observe_from_now()
+        for _ in range(30):
+            flush_buffer.zero_()
+            _synchronize()
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            start.record()
+            one.add_(1.0)
+            _synchronize()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        self._stop_observer()
+        return sorted(samples)[len(samples) // 2]
+
+    def _observe_from_now(self) -> None:
+        """Start a fresh observation: the profiler's C++ operator callbacks (RecordFunction, below any Python
+        dispatch mode) stay on from here until the judge asks what they saw, so every call in between is
+        observed alike, timed or not, and no call pays to turn them on and off. The legacy profiler, not
+        Kineto's: with a GPU visible, Kineto's first start initializes CUPTI (5.9 s on the H200)."""
+        if self.observing:
+            self._stop_observer()
+        try:
+            _enable_observer(_OBSERVER_CONFIG)
+            self.observing = True
+        except Exception:  # the candidate left a profiler of its own running
+            self.observer_stopped = True
+
+    def _stop_observer(self) -> set[str]:
+        self.observing = False
+        try:
+            records = _disable_observer()
+            return {event.name() for thread in records for event in thread if event.kind() == "push"}
+        except Exception:  # the candidate turned it off (or on again with other settings)
+            self.observer_stopped = True
+            return set()
+
+    def stop_observing(self) -> list[str] | None:
+        """The operators dispatched since the observation started (the candidate's calls, and the runner's copies
+        of their outputs); None if the observer was tampered with. Observing goes on afresh."""
+        ops = self._stop_observer() if self.observing else set()
+        self._observe_from_now()
+        return None if self.observer_stopped else sorted(ops)
+
+    # ---- call ------------------------------------------------------------------------------------------
+
+    def call(self, request: Call) -> Called:
+        """One forward, under the operator observer like every call since `prepare` (its per-operator cost is in
+        the calibrated overhead), so a candidate cannot take another path when it is timed."""
+        assert self.model is not None
+        model, arguments = self.model, self.input_sets[request.input_set]
+        gpu = self.device.type == "cuda"
+        elapsed = None
+        try:
+            with torch.no_grad():
+                if request.timed and gpu:
+                    # the judge flushed L2 just before asking; a second flush here measured slower on the H200
+                    self.reset_l2()
+                    _synchronize()
+                    start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+                    start.record()
+                    output = model(*arguments)
+                    _synchronize()
+                    end.record()
+                    end.synchronize()
+                    elapsed = max(start.elapsed_time(end) - self.launch_overhead_ms, 0.0)
+                elif request.timed:
+                    started = _perf_counter()
+                    output = model(*arguments)
+                    elapsed = (_perf_counter() - started) * 1e3
+                else:
+                    output = model(*arguments)
+                    if gpu:
+                        _synchronize()
+        except Exception as exc:
+            return Called(error=f"forward raised {_error_text(exc)}")
+        problem = _copy_out(output, self.output_slots[request.slot])
+        if gpu:
+            _synchronize()
+        return Called(output_problem=problem, elapsed_ms=elapsed)
+
+
+def _copy_out(output: Any, slots: list[torch.Tensor]) -> str | None:
+    """Copy the outputs into the judge's slots; why they cannot go there, if they cannot."""
+    tensors = [output] if isinstance(output, torch.Tensor) else output
+    if not isinstance(tensors, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return f"ModelNew returned {type(output).__name__}, expected a tensor"
+    if len(tensors) != len(slots):
+        return f"ModelNew returned {len(tensors)} tensors, the reference {len(slots)}"
+    for i, (got, slot) in enumerate(zip(tensors, slots)):
+        if type(got) is not torch.Tensor:
+            return f"output {i} is a {type(got).__name__}, not a plain torch.Tensor"
+        for what, a, b in (("shape", tuple(got.shape), tuple(slot.shape)), ("dtype", got.dtype, slot.dtype)):
+            if a != b:
+                return f"output {i}: {what} {a}, expected {b}"
+        if got.device.type != slot.device.type:
+            return f"output {i}: device {got.device}, expected {slot.device}"
+        slot.copy_(got)
+    return None
+
+
+def _children_cpu_seconds() -> float:
+    """User and system time of the child processes this one has waited for: ninja and the compilers it ran."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20)
+    return torch.empty(max(2 * l2_bytes, 256 << 20) // 4, dtype=torch.float32, device=device)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+def main(socket_fd: int) -> None:
+    channel = Channel(socket.socket(fileno=socket_fd))
+    try:
+        Runner(channel).serve()
+    except ChannelBroken:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

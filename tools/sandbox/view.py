@@ -1,0 +1,124 @@
+"""What a sandboxed worker sees: the bubblewrap command line that builds its world.
+
+Fresh user, pid, mount, network, ipc, uts and cgroup namespaces, its own session, no capabilities, no
+nested user namespaces, a seccomp filter (`kernelloop.tools.sandbox.seccomp`), and a filesystem made of read-only
+binds of what a build and a run need, nothing else: the system's programs and libraries, a few files of
+/etc, the interpreter and its packages, this package, the CUDA toolkit, the problem's folder. The job's
+folder is the one writable place. No host /tmp, /run, home, data folder, build cache or unix socket.
+
+When the service runs as root, the worker's uid maps to root outside: it owns what it sees, so what it
+sees is kept to this list and is all read-only.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import kernelloop
+
+SANDBOX_UID = 65534  # nobody, inside the sandbox's user namespace
+BUILD_MOUNT = Path("/kernelloop-build")  # the job's build folder, as the worker sees it
+HEADERS_MOUNT = Path("/kernelloop-headers")  # the toolchain's precompiled headers (kernelloop.tools.build.header_cache)
+OBJECTS_MOUNT = Path("/kernelloop-objects")  # the toolchain's objects of unchanged sources (tools.object_cache)
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+ETC_FILES = (  # what the dynamic linker, compilers and getpwuid read; /etc/shadow and the like stay out
+    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd", "/etc/group",
+    "/etc/nsswitch.conf", "/etc/localtime", "/etc/os-release",
+)  # fmt: skip
+
+
+def has_gpu_devices() -> bool:
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def package_dirs() -> list[Path]:
+    """This package's folder and, where its subpackages are links (a source checkout), their targets."""
+    root = Path(kernelloop.__file__).parent
+    dirs = [root]
+    for child in root.iterdir():
+        if child.is_symlink() and child.is_dir():
+            dirs.append(child.resolve())
+    return dirs
+
+
+def python_dirs() -> list[Path]:
+    """The interpreter, its standard library and every installed package the worker may import."""
+    dirs = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(sys.executable).resolve().parent}
+    dirs.update(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    return sorted(dirs)
+
+
+def toolchain_dirs(cuda_home: str | None) -> list[Path]:
+    dirs = [Path(cuda_home), Path(cuda_home).resolve()] if cuda_home else []
+    dirs += [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    return dirs
+
+
+def _outermost(paths: Iterable[Path]) -> list[Path]:
+    """Absolute, existing paths with those inside another one of them dropped (one bind covers them)."""
+    existing = sorted({p.absolute() for p in paths if p.exists()}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in existing:
+        if not any(path.is_relative_to(k) and not _crosses_link(k, path) for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _crosses_link(base: Path, path: Path) -> bool:
+    """Whether the way from `base` down to `path` goes through a symbolic link (then `base` does not cover it)."""
+    current = base
+    for part in path.relative_to(base).parts:
+        current = current / part
+        if current.is_symlink():
+            return True
+    return False
+
+
+def bubblewrap_argv(
+    *,
+    job_dir: Path,
+    build_dir: Path | None,
+    read_only: list[Path],
+    hidden: list[Path],
+    cuda_home: str | None,
+    gpu: bool,
+    seccomp_fd: int | None,
+    headers: Path | None = None,
+    objects: Path | None = None,
+) -> list[str]:
+    """The `bwrap ... --` prefix that runs a command in the worker's world."""
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID)]
+    argv += ["--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--new-session", "--die-with-parent"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]  # first: binds may go below
+    for name in SYSTEM_DIRS + ETC_FILES:
+        argv += ["--ro-bind-try", name, name]
+    system = [Path(p) for p in SYSTEM_DIRS]
+    wanted = [*python_dirs(), *package_dirs(), *toolchain_dirs(cuda_home), *read_only]
+    shown = _outermost(p for p in wanted if not any(p.is_relative_to(s) for s in system))
+    for path in shown:
+        argv += ["--ro-bind", str(path), str(path)]
+    if gpu:  # the driver reads the devices' topology from /sys; the device nodes are the only ones bound
+        argv += ["--ro-bind", "/sys", "/sys"]
+        for node in sorted(glob.glob("/dev/nvidia*")):
+            argv += ["--dev-bind", node, node]
+    for path in hidden:  # inside something shown (e.g. the data folder of a source checkout): covered
+        if not any(path.is_relative_to(s) for s in shown):
+            continue
+        if path.is_dir():
+            argv += ["--tmpfs", str(path)]
+        elif path.exists():
+            argv += ["--ro-bind", "/dev/null", str(path)]
+    argv += ["--bind", str(job_dir), str(job_dir)]
+    if build_dir is not None:
+        argv += ["--bind", str(build_dir), str(BUILD_MOUNT)]
+    if headers is not None:
+        argv += ["--ro-bind", str(headers), str(HEADERS_MOUNT)]
+    if objects is not None:
+        argv += ["--ro-bind", str(objects), str(OBJECTS_MOUNT)]
+    return argv + ["--remount-ro", "/", "--chdir", str(job_dir), "--"]

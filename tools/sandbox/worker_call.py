@@ -1,0 +1,158 @@
+"""One sandboxed call of a worker: a job folder, a nonce, the job in, the replies that carry the nonce out.
+
+The three tools (`kernelloop.tools.api`) and the service's check of an uploaded problem both go through
+`call_worker`, so the way a job reaches a worker and its answers come back is written, and hardened, once.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel
+
+from kernelloop.tools.build import header_cache, object_cache, toolchain
+from kernelloop.tools.results import SandboxReport
+from kernelloop.tools.sandbox import launch
+from kernelloop.tools.sandbox.worker_pool import Spare, SpareKind, WorkerPool
+from kernelloop.tools.settings import SandboxSettings
+
+Reply = TypeVar("Reply", bound=BaseModel)
+MAX_TIMEOUT_S = 3600.0
+"""the longest wall-clock limit a job can have (EvalOptions.timeout_s)"""
+
+
+@dataclass(frozen=True)
+class JobFolder:
+    """The job's folder on the host, and where the worker sees its build folder (a fixed path under
+    bubblewrap, so a cached build's absolute paths still match)."""
+
+    path: Path
+    nonce: str
+    build: Path
+    build_seen_by_worker: Path
+
+
+@dataclass
+class WorkerCall(Generic[Reply]):
+    """What came back: the replies tagged with the job's nonce, in order, and how the process ended."""
+
+    report: SandboxReport
+    replies: list[Reply] = field(default_factory=list)
+    malformed: list[str] = field(default_factory=list)
+    """lines that carried the nonce yet did not parse: a harness bug, never to pass as a crash of the code"""
+    disk_bytes: int = 0
+    """what the job left in its folder, its build included"""
+
+
+def call_worker(
+    module: str,
+    make_job: Callable[[JobFolder], BaseModel],
+    reply_type: type[Reply],
+    *,
+    settings: SandboxSettings,
+    timeout_s: float,
+    read_only: list[Path] | None = None,
+    on_reply: Callable[[Reply], None] | None = None,
+    on_finish: Callable[[JobFolder, int], None] | None = None,
+    folder_prefix: str = "job",
+    pool: WorkerPool | None = None,
+) -> WorkerCall[Reply]:
+    """Run `python -m MODULE` in the sandbox on the job `make_job(folder)` builds, and collect its replies.
+
+    The job folder (the worker's HOME and TMPDIR, and its build folder; `make_job` may write files there)
+    is removed afterwards, after `on_finish(folder, disk_bytes)`. A line on the reply pipe counts only if
+    it parses as `reply_type` and carries this job's nonce. With a `pool`, the job takes a worker started
+    ahead for its kind when there is one, and a spare starts beside it for the next job of the kind.
+    """
+    read_only = read_only or []
+    kind = SpareKind(module, tuple(map(str, read_only)), settings.model_dump_json())
+    spare = pool.take(kind) if pool is not None else None
+    if pool is not None:  # the next job of this kind finds its worker started during this one
+        pool.refill(kind, lambda: _spare(module, settings, read_only))
+    path = spare.folder if spare is not None else _new_folder(settings, folder_prefix)
+    folder = JobFolder(path, secrets.token_hex(16), path / "build", launch.build_dir_seen_by_worker(settings, path))
+    replies: list[Reply] = []
+    malformed: list[str] = []
+
+    def on_message(line: bytes) -> None:
+        try:
+            reply = reply_type.model_validate_json(line)
+        except ValueError as exc:
+            if folder.nonce.encode() in line:
+                malformed.append(str(exc)[:500])
+            return  # a line without the job's nonce is not ours: ignored
+        if getattr(reply, "nonce", None) == folder.nonce:
+            replies.append(reply)
+            if on_reply is not None:
+                on_reply(reply)
+
+    try:
+        if spare is not None:
+            worker = spare.worker
+        else:
+            worker = _start(module, settings, path, read_only, launch.cpu_limit(timeout_s))
+        try:
+            job = make_job(folder).model_dump_json().encode()
+        except BaseException:
+            worker.discard()  # it waits for a job that will not come
+            raise
+        report = worker.run(job, timeout_s, on_message)
+        report.prestarted = spare is not None
+        disk_bytes = _disk_bytes(path)
+        if on_finish is not None:
+            on_finish(folder, disk_bytes)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+    return WorkerCall(report=report, replies=replies, malformed=malformed, disk_bytes=disk_bytes)
+
+
+def _new_folder(settings: SandboxSettings, prefix: str) -> Path:
+    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=settings.jobs_dir))
+    (path / "build").mkdir()
+    return path
+
+
+def _start(
+    module: str, settings: SandboxSettings, path: Path, read_only: list[Path], cpu_limit_s: float
+) -> launch.StartedWorker:
+    return launch.StartedWorker(
+        job_dir=path,
+        build_dir=path / "build",
+        env=launch.worker_environment(toolchain.build_environment(settings), path),
+        settings=settings,
+        module=module,
+        read_only=read_only,
+        cpu_limit_s=cpu_limit_s,
+        headers=header_cache.ready(settings),
+        objects=object_cache.ready(settings),
+    )
+
+
+def _spare(module: str, settings: SandboxSettings, read_only: list[Path]) -> Spare:
+    """A worker for the next job of this kind; its wall-clock limit comes with the job, so its CPU limit is the
+    longest any job may ask for."""
+    path = _new_folder(settings, "spare")
+    try:
+        longest = max(MAX_TIMEOUT_S, settings.compile_timeout_s, settings.test_timeout_s, settings.benchmark_timeout_s)
+        return Spare(_start(module, settings, path, read_only, launch.cpu_limit(longest)), path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _disk_bytes(path: Path) -> int:
+    total = 0
+    for item in path.rglob("*"):
+        try:
+            if item.is_file() and not item.is_symlink():
+                total += item.lstat().st_size
+        except OSError:
+            continue
+    return total
