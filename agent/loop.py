@@ -183,7 +183,7 @@ class RunLoop:
         """Room for one more proposal within the budget (counting proposals already being made)?"""
         if self.config.iterations is not None and self.memory.steps + self.reserved >= self.config.iterations:
             return False
-        if self.config.time_budget_s is not None and self._seconds() >= self.config.time_budget_s:
+        if self.config.max_run_s is not None and self._seconds() >= self.config.max_run_s:
             return False
         self.reserved += 1
         return True
@@ -394,8 +394,8 @@ class RunLoop:
     def _end_reason(self) -> str:
         if self.config.iterations is not None and self.memory.steps >= self.config.iterations:
             return f"the iteration budget ({self.config.iterations}) is spent"
-        if self.config.time_budget_s is not None and self._seconds() >= self.config.time_budget_s:
-            return f"the time budget ({self.config.time_budget_s:g} s) is spent"
+        if self.config.max_run_s is not None and self._seconds() >= self.config.max_run_s:
+            return f"the run's time limit ({self.config.max_run_s:g} s) is spent"
         reasons = sorted({done.reason for done in self.done.values()})
         return "; ".join(reasons) or "every trajectory ended"
 

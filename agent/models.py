@@ -7,9 +7,9 @@ the service and hands back an `Outcome`. `AgentRunConfig` is stored with the run
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from kernelloop.agent.templates import Params
 from kernelloop.contract import JobPublic, JobStatus
@@ -43,8 +43,8 @@ class AgentRunConfig(BaseModel):
     problem: str
     backend: Backend | None = Field(None, description="None until the runner asks the service for its default")
     proposer: ProposerName
-    iterations: int | None = Field(None, ge=1, description="attempts (proposals) in all; None: until the time budget")
-    time_budget_s: float | None = Field(None, gt=0, description="no new proposal after this many seconds of the run")
+    iterations: int | None = Field(None, ge=1, description="attempts (proposals) in all; None: until max_run_s")
+    max_run_s: float | None = Field(None, gt=0, description="the run's wall clock: no new proposal after this many s")
     parallel: int = Field(1, ge=1, le=64, description="trajectories sharing one service")
     seed: int = 0
     llm: LlmConfig | None = None
@@ -57,6 +57,14 @@ class AgentRunConfig(BaseModel):
         3, ge=1, description="llm: regressions in a row before the conversation restarts from the best"
     )
     output: str | None = Field(None, description="where the best kernel is written; default: inside the data folder")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_name(cls, data: Any) -> Any:
+        """Runs stored before the rename carry the run's limit as `time_budget_s`: read it as `max_run_s`."""
+        if isinstance(data, dict) and "time_budget_s" in data and "max_run_s" not in data:
+            data = {("max_run_s" if k == "time_budget_s" else k): v for k, v in data.items()}
+        return data
 
     @property
     def chosen_backend(self) -> Backend:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from kernelloop.agent.llm.factory import make_chat_client
+from kernelloop.agent.llm.factory import api_key, is_private_url, make_chat_client
 from kernelloop.agent.llm.types import ToolDefinition
 from kernelloop.agent.loop import LoopMemory, RunLoop
 from kernelloop.agent.models import AgentRunConfig, RunSummary
@@ -185,48 +185,31 @@ async def resume_run(
     *,
     service_is_local: bool,
     iterations: int | None = None,
-    time_budget_s: float | None = None,
+    max_run_s: float | None = None,
 ) -> RunSummary | RunRefused:
+    """Continue a stored run: `iterations` more attempts and `max_run_s` more seconds, where given."""
     health = await _check_service(client)
     if isinstance(health, RunRefused):
         return health
-    run = await client.run(run_id)
-    if isinstance(run, ServiceFailure):
-        return RunRefused(
-            message=f"run {run_id} could not be read: {run}"
-            + (
-                ""
-                if run.status_code != 404
-                else "; `kernelloop history runs` lists the runs of this database (give --server for another service)"
-            )
-        )
-    try:
-        config = AgentRunConfig.model_validate(run.config)
-    except ValueError:
-        return RunRefused(
-            message=f"run {run_id} was not started by `kernelloop agent run` (its config is not an agent's): "
-            "start a new run instead"
-        )
+    stored = await _stored_run(client, run_id)
+    if isinstance(stored, RunRefused):
+        return stored
+    run, config = stored
     memory = LoopMemory.model_validate(run.meta.get("agent", {}))
     updates: dict[str, float] = {}
     if iterations is not None:
         updates["iterations"] = memory.steps + iterations
-    if time_budget_s is not None:
-        updates["time_budget_s"] = memory.seconds + time_budget_s
+    if max_run_s is not None:
+        updates["max_run_s"] = memory.seconds + max_run_s
     config = config.model_copy(update=updates)
     if run.status == RunStatus.finished and not updates:
         return RunRefused(
             message=f"run {run_id} is finished ({run.notes or 'its budget was spent'}); give --iterations N "
-            "or --time-budget S to continue it further"
+            "or --max-run-seconds S to continue it further"
         )
-    if config.proposer == "llm" and config.llm is not None:
-        from kernelloop.agent.llm.factory import api_key, is_private_url
-
-        if api_key(config.llm, settings) is None and not is_private_url(config.llm.base_url):
-            return RunRefused(
-                message=f"run {run_id} uses {config.llm.model} at {config.llm.base_url} and "
-                f"${config.llm.api_key_env} is not set: export it and resume again"
-            )
+    refused = _missing_llm_key(run_id, config, settings)
+    if refused is not None:
+        return refused
     problem = await _problem(client, config.problem)
     if isinstance(problem, RunRefused):
         return problem
@@ -246,6 +229,39 @@ async def resume_run(
         f"proposer {proposer.name}, " + _budget_text(config)
     )
     return await _loop(config, client, proposer, reopened, settings, progress, memory, history)
+
+
+async def _stored_run(client: ServiceClient, run_id: int) -> tuple[RunPublic, AgentRunConfig] | RunRefused:
+    """The run and the agent's configuration stored with it."""
+    run = await client.run(run_id)
+    if isinstance(run, ServiceFailure):
+        return RunRefused(
+            message=f"run {run_id} could not be read: {run}"
+            + (
+                ""
+                if run.status_code != 404
+                else "; `kernelloop history runs` lists the runs of this database (give --server for another service)"
+            )
+        )
+    try:
+        return run, AgentRunConfig.model_validate(run.config)
+    except ValueError:
+        return RunRefused(
+            message=f"run {run_id} was not started by `kernelloop agent run` (its config is not an agent's): "
+            "start a new run instead"
+        )
+
+
+def _missing_llm_key(run_id: int, config: AgentRunConfig, settings: AgentSettings) -> RunRefused | None:
+    """A run of a hosted model resumes only with its API key at hand."""
+    if config.proposer != "llm" or config.llm is None:
+        return None
+    if api_key(config.llm, settings) is None and not is_private_url(config.llm.base_url):
+        return RunRefused(
+            message=f"run {run_id} uses {config.llm.model} at {config.llm.base_url} and "
+            f"${config.llm.api_key_env} is not set: export it and resume again"
+        )
+    return None
 
 
 async def _loop(
@@ -281,7 +297,7 @@ def _budget_text(config: AgentRunConfig) -> str:
     parts = []
     if config.iterations is not None:
         parts.append(f"{config.iterations} iterations")
-    if config.time_budget_s is not None:
-        parts.append(f"{config.time_budget_s:g} s")
+    if config.max_run_s is not None:
+        parts.append(f"{config.max_run_s:g} s")
     budget = " and ".join(parts) or "no budget (until the proposer is done)"
     return f"budget {budget}, {config.parallel} trajector{'y' if config.parallel == 1 else 'ies'}"

@@ -38,14 +38,16 @@ def _config(args: argparse.Namespace, settings: AgentSettings) -> AgentRunConfig
         if isinstance(resolved, LlmFailure):
             return str(resolved)
         llm = resolved
-    iterations = args.iterations if args.iterations is not None else (None if args.time_budget else DEFAULT_ITERATIONS)
+    iterations = args.iterations
+    if iterations is None and not args.max_run_seconds:
+        iterations = DEFAULT_ITERATIONS
     try:
         return AgentRunConfig(
             problem=args.problem,
             backend=args.backend,
             proposer=proposer,
             iterations=iterations,
-            time_budget_s=args.time_budget,
+            max_run_s=args.max_run_seconds,
             parallel=args.parallel,
             seed=args.seed,
             llm=llm,
@@ -135,9 +137,23 @@ def _resume(args: argparse.Namespace) -> int:
             progress,
             service_is_local=local,
             iterations=args.iterations,
-            time_budget_s=args.time_budget,
+            max_run_s=args.max_run_seconds,
         ),
     )
+
+
+class _RenamedFlag(argparse.Action):
+    """`agent --time-budget` was the run's wall clock; `--time-budget` now means only timing seconds per shape
+    (`kernelloop bench`), so the old agent flag is refused with its new name rather than read either way."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(f"{option_string} is now --max-run-seconds (the run's wall clock, in seconds)")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -148,11 +164,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--iterations",
         type=int,
-        help=f"attempts in all (default {DEFAULT_ITERATIONS} unless --time-budget is given; on resume: this many more)",
+        help=f"attempts in all (default {DEFAULT_ITERATIONS} unless --max-run-seconds is given; "
+        "on resume: this many more)",
     )
     parser.add_argument(
-        "--time-budget", type=float, help="seconds; no new attempt after that (on resume: this many more)"
+        "--max-run-seconds",
+        type=float,
+        help="the run's wall clock: no new attempt after that many seconds (on resume: this many more)",
     )
+    parser.add_argument("--time-budget", action=_RenamedFlag, nargs="?", help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help="only notes and the summary")
     parser.add_argument("--json", action="store_true", help="print the run's summary as JSON (progress goes to stderr)")
 

@@ -472,3 +472,25 @@ def test_llm_configuration_from_options_and_environment(monkeypatch: pytest.Monk
     assert not isinstance(hosted, LlmFailure) and hosted.model == "gpt-y" and hosted.api_key_env == "OPENAI_API_KEY"
     assert "sk-1" not in hosted.model_dump_json()  # the key itself is never kept with the run
     assert is_private_url("http://10.1.2.3:8000/v1") and not is_private_url("https://openrouter.ai/api/v1")
+
+
+# ------------------------------------------------------------------------------- the run's time limit
+
+
+def test_the_runs_wall_clock_is_max_run_seconds_and_older_runs_still_read() -> None:
+    config = AgentRunConfig(problem="toy", backend="cpu", proposer="search", max_run_s=30)
+    assert config.model_dump(mode="json")["max_run_s"] == 30 and "time_budget_s" not in config.model_dump()
+    stored_before_the_rename = {"problem": "toy", "backend": "cpu", "proposer": "search", "time_budget_s": 230}
+    assert AgentRunConfig.model_validate(stored_before_the_rename).max_run_s == 230
+
+
+@pytest.mark.parametrize("command", [["run", "--problem", "toy"], ["resume", "3"]])
+def test_agent_time_budget_is_refused_naming_max_run_seconds(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelloop.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["agent", *command, "--time-budget", "30"])
+    assert exited.value.code == 2
+    assert "--time-budget is now --max-run-seconds" in capsys.readouterr().err
