@@ -3,8 +3,11 @@
 The runner is a second process in the judge's sandbox (`kernelloop.tools.runner.serve`), sharing nothing with
 the judge but a socket: before starting it the judge makes itself non-dumpable, so the runner (same uid, no
 capabilities) cannot read or write the judge's memory, descriptors or environment through /proc, and the
-seccomp filter already refuses ptrace. Every request has a deadline: a runner that hangs is killed and the
-request fails with `RunnerFailed`, as does one that dies or breaks the protocol.
+runner's first act is a seccomp filter of its own (`kernelloop.tools.runner.guard`) that refuses every signal,
+priority or scheduling call aimed at the judge. The runner leads a process group that its processes cannot
+leave; the judge stops that group while it times the reference (`freeze`, `thaw`). Every request has a deadline:
+a runner that hangs is killed and the request fails with `RunnerFailed`, as does one that dies or breaks the
+protocol.
 
 The runner is forked from the judge once the judge has imported torch (no CUDA touched, no job read, nothing
 submitted run yet), rather than started as a new interpreter that imports torch again: a job costs one
@@ -27,6 +30,7 @@ from typing import NoReturn, TypeVar
 
 from pydantic import BaseModel
 
+from kernelloop.tools.runner import guard
 from kernelloop.tools.runner.channel import Channel, ChannelBroken, ChannelTimeout
 from kernelloop.tools.runner.messages import Reply, ReplyEnvelope, Request, RequestEnvelope
 
@@ -77,8 +81,36 @@ class ForkedRunner:
         return code
 
     def kill(self) -> None:
+        """The runner and every process it started (they share its process group, which they cannot leave)."""
         if self.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
+            _signal_group(self.pid, signal.SIGKILL)
+
+    def freeze(self) -> None:
+        """Stop the runner's whole process group and wait until the runner itself has stopped: while the judge
+        times what it trusts, nothing of the candidate's may run (spin on the cores, signal, allocate)."""
+        if self.poll() is not None:
+            return
+        _signal_group(self.pid, signal.SIGSTOP)
+        try:
+            _, status = os.waitpid(self.pid, os.WUNTRACED)
+        except ChildProcessError:
+            self.returncode = -signal.SIGKILL
+            return
+        if not os.WIFSTOPPED(status):  # it ended meanwhile
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+    def thaw(self) -> None:
+        if self.poll() is None:
+            _signal_group(self.pid, signal.SIGCONT)
+
+
+def _signal_group(pid: int, number: int) -> None:
+    """Signal the runner's process group (its pid: the judge makes it a group leader at the fork), or the runner
+    alone should the group be gone."""
+    try:
+        os.killpg(pid, number)
+    except ProcessLookupError:
+        os.kill(pid, number)
 
 
 def _become_runner(socket_fd: int) -> NoReturn:
@@ -90,6 +122,11 @@ def _become_runner(socket_fd: int) -> NoReturn:
         os.closerange(socket_fd + 1, os.sysconf("SC_OPEN_MAX"))
         if sys.platform.startswith("linux"):
             ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as a process of its own would be
+        try:
+            guard.fence_off_judge()  # before anything of the candidate's exists: it cannot reach the judge
+        except (guard.GuardUnsupported, OSError) as exc:
+            os.write(2, f"the runner could not fence off its judge: {exc}\n".encode())
+            os._exit(1)
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
             signal.signal(number, signal.SIG_DFL)
         runner = importlib.import_module(RUNNER_MODULE)
@@ -111,6 +148,10 @@ class RunnerLink:
         pid = os.fork()
         if pid == 0:
             _become_runner(theirs.fileno())
+        try:
+            os.setpgid(pid, pid)  # as the child does itself: whichever runs first, the group exists before a freeze
+        except OSError:
+            pass  # the child has its group already, or has died (the first request says so)
         theirs.close()
         self.process = ForkedRunner(pid)
         self.channel = Channel(ours)

@@ -1,0 +1,173 @@
+"""The runner's fence around its judge: a seccomp filter the runner installs on itself, right after the fork and
+before any candidate code exists, that every thread and process it starts inherits and none can remove.
+
+The runner and the judge run as the same user, so the kernel would let the candidate stop, renice, re-pin or
+signal its judge (SIGSTOP 2 ms in every 3 slows the reference it is compared with). The filter refuses (EPERM)
+every call that names the judge or reaches it through a group: a signal to the judge's pid, its process group,
+or every process (-1); `tkill` and `pidfd_send_signal`, whose targets (a thread id, a descriptor that may come
+from /proc) cannot be told apart here; a priority change of anything but the caller itself; scheduler, affinity,
+I/O-priority and resource-limit changes of the judge; tracing and cross-process memory calls. It also refuses
+`setsid` and `setpgid` once the runner has its own process group, so every process the candidate starts stays
+in the group the judge freezes (SIGSTOP) while it times the reference: nothing of the candidate's runs then.
+
+Numbers are those of x86_64 and aarch64; any other ABI is killed (a 32-bit call cannot slip past the table).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+from kernelloop.tools.sandbox.seccomp import AUDIT_ARCH, X32_SYSCALL_BIT
+
+SYSCALLS: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+        "pidfd_send_signal": 424, "pidfd_open": 434, "setpriority": 141, "sched_setaffinity": 203,
+        "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314, "prlimit64": 302,
+        "ioprio_set": 251, "setsid": 112, "setpgid": 109, "ptrace": 101, "process_vm_readv": 310,
+        "process_vm_writev": 311,
+    },
+    "aarch64": {
+        "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
+        "pidfd_send_signal": 424, "pidfd_open": 434, "setpriority": 140, "sched_setaffinity": 122,
+        "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274, "prlimit64": 261,
+        "ioprio_set": 30, "setsid": 157, "setpgid": 154, "ptrace": 117, "process_vm_readv": 270,
+        "process_vm_writev": 271,
+    },
+}  # fmt: skip
+
+# classic BPF (linux/filter.h) and seccomp (linux/seccomp.h)
+LD_W_ABS, JEQ_K, JGE_K, JA, RET_K = 0x20, 0x15, 0x35, 0x05, 0x06
+RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
+OFFSET_NR, OFFSET_ARCH, OFFSET_ARGS = 0, 4, 16
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+U32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Refuse the call when argument `arg` (its low 32 bits: every argument compared here is an int) is (`eq`) or
+    is not (`ne`) `value`; a rule with no condition refuses every call."""
+
+    arg: int = -1
+    op: Literal["eq", "ne"] = "eq"
+    value: int = 0
+
+
+def rules(judge_pid: int, judge_pgid: int) -> dict[str, list[Refuse]]:
+    """Per call, the conditions under which it is refused (any one is enough)."""
+    # a pid as the kernel compares it, the low word: -1 is 0xffffffff
+    signal_targets = [Refuse(0, "eq", pid & U32) for pid in sorted({judge_pid, -1, -judge_pgid, -judge_pid})]
+    judge = [Refuse(0, "eq", judge_pid)]
+    return {
+        "kill": signal_targets,
+        "rt_sigqueueinfo": signal_targets,
+        "tgkill": judge,
+        "rt_tgsigqueueinfo": judge,
+        "pidfd_open": judge,
+        "tkill": [Refuse()],
+        "pidfd_send_signal": [Refuse()],
+        "setpriority": [Refuse(0, "ne", PRIO_PROCESS), Refuse(1, "ne", 0)],  # the caller itself only
+        "sched_setaffinity": judge,
+        "sched_setscheduler": judge,
+        "sched_setparam": judge,
+        "sched_setattr": judge,
+        "prlimit64": judge,
+        "ioprio_set": [Refuse(0, "ne", IOPRIO_WHO_PROCESS), Refuse(1, "eq", judge_pid)],
+        "setsid": [Refuse()],
+        "setpgid": [Refuse()],
+        "ptrace": [Refuse()],
+        "process_vm_readv": [Refuse()],
+        "process_vm_writev": [Refuse()],
+    }
+
+
+class GuardUnsupported(RuntimeError):
+    """No filter is known for this machine, or the kernel refused to install it."""
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    """One instruction; a jump past classic BPF's 8-bit range fails here (struct.error), never silently."""
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def filter_program(judge_pid: int, judge_pgid: int, machine: str | None = None) -> bytes:
+    """The compiled filter. Layout: the ABI check, one jump per guarded call to its block, `allow`; each block
+    loads the arguments its conditions test and jumps to the final `refuse` on a match, else allows."""
+    machine = machine or platform.machine()
+    if machine not in SYSCALLS:
+        raise GuardUnsupported(f"no guard for the {machine} architecture (known: {', '.join(SYSCALLS)})")
+    blocks = []
+    for name, conditions in rules(judge_pid, judge_pgid).items():
+        block: list[tuple[int, int, int, int]] = []  # (code, jt, jf, k); a jump of -1 goes to `refuse`
+        for condition in conditions:
+            if condition.arg < 0:
+                block.append((JA, 0, 0, -1))
+                break
+            block.append((LD_W_ABS, 0, 0, OFFSET_ARGS + 8 * condition.arg))  # the argument's low word
+            block.append((JEQ_K, -1, 0, condition.value) if condition.op == "eq" else (JEQ_K, 0, -1, condition.value))
+        else:
+            block.append((RET_K, 0, 0, RET_ALLOW))
+        blocks.append((SYSCALLS[machine][name], block))
+    head = [
+        _insn(LD_W_ABS, 0, 0, OFFSET_ARCH),
+        _insn(JEQ_K, 1, 0, AUDIT_ARCH[machine]),
+        _insn(RET_K, 0, 0, RET_KILL_PROCESS),
+        _insn(LD_W_ABS, 0, 0, OFFSET_NR),
+    ]
+    if machine == "x86_64":  # x32 calls carry this bit: refuse them all
+        head.append(_insn(JGE_K, 0, 1, X32_SYSCALL_BIT))
+        head.append(_insn(RET_K, 0, 0, RET_ERRNO | errno.EPERM))
+    dispatch_length = len(blocks) + 1  # one jump per call, then `allow`
+    body: list[bytes] = []
+    block_starts, position = [], dispatch_length
+    for _, block in blocks:
+        block_starts.append(position)
+        position += len(block)
+    refuse_at = position
+    for index, (number, _) in enumerate(blocks):
+        body.append(_insn(JEQ_K, block_starts[index] - index - 1, 0, number))
+    body.append(_insn(RET_K, 0, 0, RET_ALLOW))
+    at = dispatch_length
+    for _, block in blocks:
+        for code, jt, jf, k in block:
+            to_refuse = refuse_at - at - 1
+            if code == JA:
+                body.append(_insn(JA, 0, 0, to_refuse))
+            else:
+                body.append(_insn(code, to_refuse if jt == -1 else jt, to_refuse if jf == -1 else jf, k))
+            at += 1
+    body.append(_insn(RET_K, 0, 0, RET_ERRNO | errno.EPERM))
+    return b"".join(head + body)
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def fence_off_judge() -> None:
+    """In the freshly forked runner (one thread): take a process group of its own, so that the judge can freeze
+    the candidate's processes together, then install the filter against the judge, its parent."""
+    judge_pid = os.getppid()
+    judge_pgid = os.getpgid(judge_pid)
+    os.setpgid(0, 0)
+    program = filter_program(judge_pid, judge_pgid)
+    count = len(program) // 8
+    instructions = (_SockFilter * count).from_buffer_copy(program)
+    fprog = _SockFprog(count, instructions)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise GuardUnsupported(f"prctl(NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise GuardUnsupported(f"the kernel refused the runner's seccomp filter: {os.strerror(ctypes.get_errno())}")
