@@ -69,6 +69,12 @@ class SandboxReport(BaseModel):
     output_truncated: bool = False
     cgroup: bool = Field(False, description="processes (and memory, without a GPU) capped by a cgroup, else by rlimits")
     killed_for: str | None = Field(None, description="why the sandbox ended the job early, e.g. too many processes")
+    limits: dict[str, int] = Field(
+        {}, description="the rlimits the worker ran under, by name (ours, lowered to the service's own hard limits)"
+    )
+    limits_lowered: list[str] = Field(
+        [], description="which of those the service's own hard limits (e.g. `ulimit -v`) lowered below ours"
+    )
     prestarted: bool = Field(
         False, description="the worker was started ahead of the job (its sandbox and imports ready when it came)"
     )

@@ -7,6 +7,7 @@ secret of theirs is ever handed to this layer, let alone to a worker.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -15,7 +16,18 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "KERNELLOOP_"
+MEMORY_FLOOR_BYTES = 8 << 30
+"""a worker's address space at least: torch and a compiler reserve several GiB they never touch"""
 ENV_FILE = ".env"
+
+
+def host_memory_share() -> int:
+    """The host's physical memory over its CPU lanes (one per core), or MEMORY_FLOOR_BYTES where that is less."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return MEMORY_FLOOR_BYTES
+    return max(MEMORY_FLOOR_BYTES, total // max(1, os.cpu_count() or 1))
 
 
 class SandboxSettings(BaseSettings):
@@ -50,7 +62,10 @@ class SandboxSettings(BaseSettings):
         "benchmarks on the same host, whose judges compute truths and time; 0 builds at the service's priority",
     )
     max_memory_bytes: int = Field(
-        16 << 30, ge=1 << 30, description="address space of a worker without a GPU (CUDA reserves too much to cap)"
+        default_factory=host_memory_share,
+        ge=1 << 30,
+        description="address space of a worker without a GPU (CUDA reserves too much to cap); default: the host's "
+        "memory over its CPU lanes (one per core), 8 GiB at least, so that every lane at its limit fits the host",
     )
     max_processes: int = Field(512, ge=16, description="processes and threads of one worker (a fork bomb stops here)")
     job_cgroups: bool = Field(

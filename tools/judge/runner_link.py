@@ -4,8 +4,8 @@ The runner is a second process in the judge's sandbox (`kernelloop.tools.runner.
 the judge but a socket: before starting it the judge makes itself non-dumpable, so the runner (same uid, no
 capabilities) cannot read or write the judge's memory, descriptors or environment through /proc, and the
 runner's first act is a seccomp filter of its own (`kernelloop.tools.runner.guard`) that refuses every signal,
-priority or scheduling call aimed at the judge. The runner leads a process group that its processes cannot
-leave; the judge stops that group while it times the reference (`freeze`, `thaw`). Every request has a deadline:
+priority or scheduling call aimed at the judge. While the judge times the reference, every process of the
+candidate's is stopped (`Freezer`). Every request has a deadline:
 a runner that hangs is killed and the request fails with `RunnerFailed`, as does one that dies or breaks the
 protocol.
 
@@ -35,7 +35,7 @@ from kernelloop.tools.runner.channel import Channel, ChannelBroken, ChannelTimeo
 from kernelloop.tools.runner.messages import Reply, ReplyEnvelope, Request, RequestEnvelope
 
 ReplyT = TypeVar("ReplyT", bound=BaseModel)
-PR_SET_DUMPABLE = 4
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 POLL_S = 1.0
 RUNNER_MODULE = "kernelloop.tools.runner.serve"
 
@@ -81,36 +81,80 @@ class ForkedRunner:
         return code
 
     def kill(self) -> None:
-        """The runner and every process it started (they share its process group, which they cannot leave)."""
         if self.poll() is None:
-            _signal_group(self.pid, signal.SIGKILL)
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class Freezer:
+    """Stops every process of the candidate's while the judge times what it trusts, so none of them can spin on
+    the cores, signal or allocate meanwhile. The candidate's processes are the judge's descendants other than
+    itself: the judge is a child subreaper, so a process whose parent exits is handed to the judge, not to init,
+    and a new session or process group changes nothing. Walking /proc finds them (in the sandbox's own pid
+    namespace, a handful); a second walk after the first stop catches a process forked meanwhile."""
+
+    def __init__(self, runner: ForkedRunner):
+        self.runner = runner
+        self.stopped: list[int] = []
 
     def freeze(self) -> None:
-        """Stop the runner's whole process group and wait until the runner itself has stopped: while the judge
-        times what it trusts, nothing of the candidate's may run (spin on the cores, signal, allocate)."""
-        if self.poll() is not None:
+        if self.runner.poll() is not None:
             return
-        _signal_group(self.pid, signal.SIGSTOP)
-        try:
-            _, status = os.waitpid(self.pid, os.WUNTRACED)
+        for _ in range(2):
+            for pid in _descendants(os.getpid()):
+                if pid not in self.stopped and _signal(pid, signal.SIGSTOP):
+                    self.stopped.append(pid)
+        try:  # the runner has stopped when this returns: the kernel delivers a stop asynchronously
+            _, status = os.waitpid(self.runner.pid, os.WUNTRACED)
         except ChildProcessError:
-            self.returncode = -signal.SIGKILL
+            self.runner.returncode = -signal.SIGKILL
             return
         if not os.WIFSTOPPED(status):  # it ended meanwhile
-            self.returncode = os.waitstatus_to_exitcode(status)
+            self.runner.returncode = os.waitstatus_to_exitcode(status)
 
     def thaw(self) -> None:
-        if self.poll() is None:
-            _signal_group(self.pid, signal.SIGCONT)
+        for pid in self.stopped:
+            _signal(pid, signal.SIGCONT)
+        self.stopped.clear()
+        _reap_orphans(self.runner.pid)
 
 
-def _signal_group(pid: int, number: int) -> None:
-    """Signal the runner's process group (its pid: the judge makes it a group leader at the fork), or the runner
-    alone should the group be gone."""
+def _signal(pid: int, number: int) -> bool:
     try:
-        os.killpg(pid, number)
-    except ProcessLookupError:
         os.kill(pid, number)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below `root`, from the parents /proc lists."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid = int(stat.parent.name)
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(pid)
+    found, frontier = [], [root]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found.extend(below)
+        frontier.extend(below)
+    return found
+
+
+def _reap_orphans(runner_pid: int) -> None:
+    """Collect the candidate's orphans that ended (handed to the judge, the subreaper), never the runner itself,
+    whose exit status is the judge's to read."""
+    while True:
+        try:
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if ended is None or ended.si_pid == runner_pid:
+            return
+        os.waitpid(ended.si_pid, 0)
 
 
 def _become_runner(socket_fd: int) -> NoReturn:
@@ -145,15 +189,14 @@ class RunnerLink:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         sys.stdout.flush()
         sys.stderr.flush()
+        if sys.platform.startswith("linux"):  # the candidate's orphans come to the judge (see `Freezer`)
+            ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         pid = os.fork()
         if pid == 0:
             _become_runner(theirs.fileno())
-        try:
-            os.setpgid(pid, pid)  # as the child does itself: whichever runs first, the group exists before a freeze
-        except OSError:
-            pass  # the child has its group already, or has died (the first request says so)
         theirs.close()
         self.process = ForkedRunner(pid)
+        self.freezer = Freezer(self.process)
         self.channel = Channel(ours)
         self.last_envelope_ms = 0.0
 

@@ -6,9 +6,9 @@ signal its judge (SIGSTOP 2 ms in every 3 slows the reference it is compared wit
 every call that names the judge or reaches it through a group: a signal to the judge's pid, its process group,
 or every process (-1); `tkill` and `pidfd_send_signal`, whose targets (a thread id, a descriptor that may come
 from /proc) cannot be told apart here; a priority change of anything but the caller itself; scheduler, affinity,
-I/O-priority and resource-limit changes of the judge; tracing and cross-process memory calls. It also refuses
-`setsid` and `setpgid` once the runner has its own process group, so every process the candidate starts stays
-in the group the judge freezes (SIGSTOP) while it times the reference: nothing of the candidate's runs then.
+I/O-priority and resource-limit changes of the judge; tracing and cross-process memory calls; and joining the
+judge's process group (from where `kill(0, ...)` would reach it). The runner takes a process group of its own
+first. (Builds need `setpgid` and `setsid` otherwise: ninja starts each compiler in a group of its own.)
 
 Numbers are those of x86_64 and aarch64; any other ABI is killed (a 32-bit call cannot slip past the table).
 """
@@ -30,14 +30,14 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
         "pidfd_send_signal": 424, "pidfd_open": 434, "setpriority": 141, "sched_setaffinity": 203,
         "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314, "prlimit64": 302,
-        "ioprio_set": 251, "setsid": 112, "setpgid": 109, "ptrace": 101, "process_vm_readv": 310,
+        "ioprio_set": 251, "setpgid": 109, "ptrace": 101, "process_vm_readv": 310,
         "process_vm_writev": 311,
     },
     "aarch64": {
         "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
         "pidfd_send_signal": 424, "pidfd_open": 434, "setpriority": 140, "sched_setaffinity": 122,
         "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274, "prlimit64": 261,
-        "ioprio_set": 30, "setsid": 157, "setpgid": 154, "ptrace": 117, "process_vm_readv": 270,
+        "ioprio_set": 30, "setpgid": 154, "ptrace": 117, "process_vm_readv": 270,
         "process_vm_writev": 271,
     },
 }  # fmt: skip
@@ -81,8 +81,7 @@ def rules(judge_pid: int, judge_pgid: int) -> dict[str, list[Refuse]]:
         "sched_setattr": judge,
         "prlimit64": judge,
         "ioprio_set": [Refuse(0, "ne", IOPRIO_WHO_PROCESS), Refuse(1, "eq", judge_pid)],
-        "setsid": [Refuse()],
-        "setpgid": [Refuse()],
+        "setpgid": [Refuse(1, "eq", judge_pgid)],
         "ptrace": [Refuse()],
         "process_vm_readv": [Refuse()],
         "process_vm_writev": [Refuse()],
@@ -157,8 +156,8 @@ class _SockFprog(ctypes.Structure):
 
 
 def fence_off_judge() -> None:
-    """In the freshly forked runner (one thread): take a process group of its own, so that the judge can freeze
-    the candidate's processes together, then install the filter against the judge, its parent."""
+    """In the freshly forked runner (one thread): leave the judge's process group, then install the filter
+    against the judge, its parent."""
     judge_pid = os.getppid()
     judge_pgid = os.getpgid(judge_pid)
     os.setpgid(0, 0)

@@ -39,6 +39,20 @@ class JobCgroup:
             finally:
                 os.close(fd)
 
+    def process_cap_reached(self) -> bool:
+        """Whether the pids controller has refused a fork since the job began (its `pids.events` count of
+        `max`): a job at its process cap is a fork bomb, ended at once rather than left to its deadline."""
+        for directory in self.dirs:
+            try:
+                events = (directory / "pids.events").read_text()
+            except OSError:
+                continue
+            for line in events.splitlines():
+                name, _, count = line.partition(" ")
+                if name == "max" and count.strip() not in ("", "0"):
+                    return True
+        return False
+
     def kill_and_remove(self) -> None:
         """Kill whatever is still inside (a leftover of the job), then remove the cgroup."""
         for directory in self.dirs:
