@@ -22,6 +22,10 @@ class ProblemRejected(ValueError):
     """The file is not a usable problem; the message says what is wrong and how to fix it."""
 
 
+class ProblemTooLarge(ProblemRejected):
+    """The problem ran out of memory while it was checked: its sizes are in the message."""
+
+
 def _top_level_names(tree: ast.Module) -> tuple[set[str], bool]:
     names: set[str] = set()
     star = False
@@ -82,6 +86,8 @@ def check_problem(name: str, source: str, settings: ServiceSettings) -> ProblemS
         tail = " | ".join(report.stderr.strip().splitlines()[-3:])
         raise ProblemRejected(f"the problem check died (exit {report.exit_code}, signal {report.signal}): {tail}")
     reply = call.replies[-1]
+    if reply.error is not None and reply.too_large:
+        raise ProblemTooLarge(reply.error)
     if reply.error is not None or reply.spec is None:
         raise ProblemRejected(reply.error or "the problem check sent no spec")
     # the check ran the uploaded file, so its reply is the uploader's to forge: only derived data is taken

@@ -21,7 +21,7 @@ from kernelloop.server.errors import ApiError
 from kernelloop.server.events import EventHub
 from kernelloop.server.executor import Executor
 from kernelloop.server.limits import RateLimiter
-from kernelloop.server.problem_check import ProblemRejected, check_problem
+from kernelloop.server.problem_check import ProblemRejected, ProblemTooLarge, check_problem
 from kernelloop.server.redaction import Redactor, service_secrets
 from kernelloop.server.scheduler import LanesStopped, Scheduler
 from kernelloop.server.settings import ServiceSettings
@@ -267,6 +267,14 @@ class Service:
         except LanesStopped as exc:
             raise ApiError(
                 503, "stopping", "the service is stopping: the problem was not checked", fix="register it again"
+            ) from exc
+        except ProblemTooLarge as exc:
+            raise ApiError(
+                422,
+                "problem_too_large",
+                str(exc),
+                field="body.source",
+                fix="give the problem smaller shapes (smaller sizes in get_init_inputs, get_inputs or SHAPES)",
             ) from exc
         except ProblemRejected as exc:
             raise ApiError(

@@ -95,3 +95,4 @@ class ProblemCheckReply(BaseModel):
     nonce: str
     spec: ProblemSpec | None = None
     error: str | None = None
+    too_large: bool = Field(False, description="the error is an allocation that failed: the problem is too large here")

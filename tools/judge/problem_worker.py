@@ -1,8 +1,15 @@
 """Entry point of a problem check: `python -m kernelloop.tools.judge.problem_worker RESULT_FD`, the job on stdin.
 
-It loads an uploaded problem file as `kernelloop.tools.problems` would, builds Model for every shape,
-calls get_inputs() where the shapes leave the inputs to it, and sends the resulting ProblemSpec (or what
-failed) back on the private pipe, tagged with the job's nonce. Nothing in the file runs in the service.
+It loads an uploaded problem file as `kernelloop.tools.problems` would (which sizes every shape on torch's meta
+device, allocating nothing), builds Model for every shape and calls get_inputs() where the shapes leave the
+inputs to it, and sends the resulting ProblemSpec (or what failed) back on the private pipe, tagged with the
+job's nonce. Nothing in the file runs in the service.
+
+Sizes come first: a shape whose parameters, inputs and output (as the meta device measured them) exceed
+EXERCISE_MAX_BYTES is exercised on the meta device only, so a problem made for a large GPU registers on a CPU
+lane without allocating what the lane does not have (KernelBench's level 1 reaches 8 GiB inputs and 4 GiB
+weights); whether it fits a device here is the service's question, asked of those sizes. An allocation that
+fails while exercising a shape is reported as what it is, with the sizes, never as a malformed file.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from types import ModuleType
 from kernelloop.tools.jobs import ProblemCheckJob, ProblemCheckReply
 from kernelloop.tools.problems import ProblemSpec, ShapeSpec
 
+EXERCISE_MAX_BYTES = 2 << 30
+"""a shape larger than this (parameters, one input set, the output) is built on the meta device only"""
 REFERENCE_CHECK_LIMIT_S = 10.0
 """the fp32 forward that takes longer than this on the CPU is not run again in float64 at registration"""
 REFERENCE_CHECK_MAX_BYTES = 1 << 30
@@ -56,29 +65,63 @@ def _measure_reference(module: ModuleType, shape: ShapeSpec, dtype: str) -> None
     shape.reference_error = max((checking.relative_max_error(o, t) for o, t in zip(outputs, truth)), default=0.0)
 
 
+class ProblemOutOfMemory(MemoryError):
+    """Exercising a shape needed more memory than the check's worker has: the problem is too large here."""
+
+
 def _exercise(spec: ProblemSpec) -> None:
-    """Build Model for every shape; call get_inputs() where a shape has no input sizes; measure the reference's
-    own error on the correctness shapes the CPU runs."""
+    """Build Model for every shape (on the meta device first: a wrong constructor fails there, and it says how
+    large the parameters are); for a shape small enough, build it for real and call get_inputs() where the shape
+    has no input sizes, and measure the reference's own error on the correctness shapes the CPU runs."""
     import torch
 
     from kernelloop.tools.problems import import_problem_module
 
     module = import_problem_module(Path(spec.path))
     for shape in spec.shapes:
-        if shape.correctness and "cpu" in shape.backends:
-            _measure_reference(module, shape, spec.dtype)
+        parameter_bytes = _build(module, shape, torch.device("meta"))
+        total = (parameter_bytes or 0) + (shape.input_bytes or 0) + (shape.output_bytes or 0)
+        if parameter_bytes is not None and total > EXERCISE_MAX_BYTES:
+            continue  # sized on the meta device; the service decides where it fits
         try:
-            model = module.Model(*shape.init_inputs)
-        except Exception as exc:
-            raise ValueError(
-                f"Model{tuple(shape.init_inputs)} failed for shape {shape.name}: {type(exc).__name__}: {exc}"
+            if shape.correctness and "cpu" in shape.backends:
+                _measure_reference(module, shape, spec.dtype)
+            _build(module, shape, torch.device("cpu"))
+            if shape.input_shapes is None:
+                inputs = module.get_inputs()
+                if not isinstance(inputs, (list, tuple)):
+                    raise ValueError(f"get_inputs() must return a list of inputs, got {type(inputs).__name__}")
+        except (MemoryError, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and "memory" not in str(exc).lower():
+                raise
+            raise ProblemOutOfMemory(
+                f"shape {shape.name} ran out of memory while Model and get_inputs() were exercised "
+                f"(parameters {(parameter_bytes or 0) / 2**30:.2f} GiB, inputs {(shape.input_bytes or 0) / 2**30:.2f} "
+                f"GiB, output {(shape.output_bytes or 0) / 2**30:.2f} GiB as measured on the meta device): {exc}"
             ) from exc
-        if not isinstance(model, torch.nn.Module):
-            raise ValueError("Model must be a torch.nn.Module")
-        if shape.input_shapes is None:
-            inputs = module.get_inputs()
-            if not isinstance(inputs, (list, tuple)):
-                raise ValueError(f"get_inputs() must return a list of inputs, got {type(inputs).__name__}")
+
+
+def _build(module: ModuleType, shape: ShapeSpec, device: object) -> int | None:
+    """Model for one shape on `device`, and the bytes of its parameters and buffers; None where the meta device
+    cannot build it (the real build then says whether it can be built at all)."""
+    import torch
+
+    try:
+        with torch.device(device):  # type: ignore[call-overload]
+            model = module.Model(*shape.init_inputs)
+    except MemoryError:
+        if str(device) == "meta":
+            return None
+        raise
+    except Exception as exc:
+        if str(device) == "meta":
+            return None
+        raise ValueError(
+            f"Model{tuple(shape.init_inputs)} failed for shape {shape.name}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError("Model must be a torch.nn.Module")
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
 def main() -> None:
@@ -93,8 +136,13 @@ def main() -> None:
         reply = ProblemCheckReply(nonce=job.nonce, spec=spec)
     except BaseException as exc:  # SystemExit from the file is a rejection too
         traceback.print_exc()
-        message = str(exc) if exc.__class__.__name__ == "ProblemError" else f"{type(exc).__name__}: {exc}"
-        reply = ProblemCheckReply(nonce=job.nonce, error=message.replace(job.path, "problem.py"))
+        plain = exc.__class__.__name__ in ("ProblemError", "ProblemOutOfMemory")
+        message = str(exc) if plain else f"{type(exc).__name__}: {exc}"
+        reply = ProblemCheckReply(
+            nonce=job.nonce,
+            error=message.replace(job.path, "problem.py"),
+            too_large=isinstance(exc, (ProblemOutOfMemory, MemoryError)),
+        )
     channel.write(reply.model_dump_json() + "\n")
     channel.flush()
     sys.stdout.flush()
