@@ -6,7 +6,7 @@ import os
 import platform
 
 from kernelloop.contract import DevicesReport, ProblemDetail
-from kernelloop.tools.judge.devices import DATASHEET
+from kernelloop.tools.datasheet import datasheet_peaks
 from kernelloop.tools.problems import describe_policy
 from kernelloop.tools.results import Backend
 
@@ -23,7 +23,7 @@ def describe_device(backend: Backend, devices: DevicesReport | None, service_is_
         sms = next((n for key, n in SM_COUNTS if key in gpu.name), None)
         if sms:
             parts.append(f"{sms} SMs")
-        peaks = next((p for key, p in DATASHEET if key in gpu.name), None)
+        peaks = datasheet_peaks(gpu.name)
         if peaks is not None:
             parts.append(f"{peaks.bandwidth_bytes_s / 1e12:.2f} TB/s memory bandwidth")
             if peaks.tf32_flops_s:

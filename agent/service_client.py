@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -25,9 +26,11 @@ from kernelloop.contract import (
     Health,
     JobEventPublic,
     JobPublic,
+    LeaderboardEntry,
     Page,
     ProblemCreate,
     ProblemDetail,
+    ProblemSummary,
     RunCreate,
     RunPublic,
     RunUpdate,
@@ -37,6 +40,7 @@ from kernelloop.contract import (
     ToolsCatalog,
 )
 from kernelloop.tools.phase_registry import TOOLS
+from kernelloop.tools.results import Backend
 
 T = TypeVar("T")
 EventWatcher = Callable[[JobEventPublic], Awaitable[None] | None]
@@ -131,8 +135,20 @@ class ServiceClient:
     async def health(self) -> Health | ServiceFailure:
         return await self._call("GET", "/v1/health", Health)
 
+    async def problems(self) -> list[ProblemSummary] | ServiceFailure:
+        return await self._call("GET", "/v1/problems", list[ProblemSummary])
+
     async def problem(self, name: str) -> ProblemDetail | ServiceFailure:
-        return await self._call("GET", f"/v1/problems/{name}", ProblemDetail)
+        return await self._call("GET", f"/v1/problems/{_segment(name)}", ProblemDetail)
+
+    async def leaderboard(
+        self, problem: str, backend: Backend | None = None, limit: int = 10
+    ) -> list[LeaderboardEntry] | ServiceFailure:
+        """The problem's correct attempts, fastest first."""
+        params: dict[str, Any] = {"limit": limit} | ({"backend": backend} if backend else {})
+        return await self._call(
+            "GET", f"/v1/problems/{_segment(problem)}/leaderboard", list[LeaderboardEntry], params=params
+        )
 
     async def devices(self) -> DevicesReport | ServiceFailure:
         return await self._call("GET", "/v1/devices", DevicesReport)
@@ -219,10 +235,6 @@ class ServiceClient:
             params={"wait": "false"},
         )
 
-    async def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any | ServiceFailure:
-        """Any GET of the API, its answer as plain JSON (for clients that pass it on, such as the MCP tools)."""
-        return await self._call("GET", path, Any, params=params)
-
     async def _follow_events(self, job_id: int, on_event: EventWatcher | None, timeout_s: float) -> None:
         """Read GET /v1/jobs/{id}/events until `finished` or `failed`; any trouble just ends the following."""
         deadline = time.monotonic() + timeout_s
@@ -281,6 +293,11 @@ async def _notify(watcher: EventWatcher | None, event: JobEventPublic) -> None:
         maybe = watcher(event)
         if maybe is not None:
             await maybe
+
+
+def _segment(name: str) -> str:
+    """A name as one segment of a path: `../runs` stays a name (an unknown one) rather than another path."""
+    return quote(name, safe="")
 
 
 def _rejected(response: httpx.Response) -> ServiceFailure:

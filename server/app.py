@@ -102,7 +102,7 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
     openapi.install(app, service.problem_names)
     for router in (tools.router, jobs.router, problems.router, suites.router, history.router, meta.router):
         app.include_router(router)
-    mcp = mount_mcp(app, settings.api_token)
+    mcp = mount_mcp(app, service, settings.api_token)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(LoopbackOnly, enabled=settings.api_token is None)
     return app

@@ -4,7 +4,7 @@ every read of what was submitted (attempts hold code and logs, jobs their result
 from __future__ import annotations
 
 import secrets
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -12,6 +12,9 @@ from pydantic import SecretStr
 
 from kernelloop.contract import ErrorBody
 from kernelloop.server.errors import ApiError
+
+if TYPE_CHECKING:
+    from kernelloop.server.service import Service
 
 bearer = HTTPBearer(
     auto_error=False,
@@ -24,6 +27,13 @@ def guard_mutation(request: Request, credentials: Credentials) -> str:
     """Returns the client's name for the history (its address)."""
     service = request.app.state.service
     client = request.client.host if request.client else "unknown"
+    admit(service, client)
+    _check_token(service.settings.api_token, credentials, "this call changes state")
+    return client
+
+
+def admit(service: Service, client: str) -> None:
+    """The per-client rate limit on state-changing calls, a route's or an MCP tool's: 429 past it."""
     retry_after = service.limiter.acquire(client)
     if retry_after is not None:
         raise ApiError(
@@ -34,8 +44,6 @@ def guard_mutation(request: Request, credentials: Credentials) -> str:
             "KERNELLOOP_RATE_LIMIT_PER_MINUTE",
             headers={"Retry-After": str(retry_after)},
         )
-    _check_token(service.settings.api_token, credentials, "this call changes state")
-    return client
 
 
 def guard_read(request: Request, credentials: Credentials) -> None:

@@ -1,31 +1,48 @@
 """The MCP tools mounted on the service at /mcp (streamable HTTP), behind the API's own token.
 
-The tools call the API in-process (httpx's ASGI transport into this same app) with the service's token, so an
-MCP call passes the same validation, limits and recording as an HTTP call. Without a token the service answers
-loopback clients only (as the API does), and the MCP endpoint also checks the Host header against loopback
-names, so a web page that rebinds a DNS name to 127.0.0.1 cannot reach it.
+The tools call the service's own functions, those its routes call (`Service.submit`, `kernelloop.server.reads`),
+with the same checks, rate limit and errors: a name or an id from a tool's arguments is looked up as the
+routes look it up, never pasted into a URL. Without a token the service answers loopback clients only (as the
+API does), and the MCP endpoint also checks the Host header against loopback names, so a web page that
+rebinds a DNS name to 127.0.0.1 cannot reach it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
-import httpx
 from fastapi import FastAPI
 from mcp.server.mcpserver import MCPServer
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import SecretStr
+from sqlmodel import Session
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kernelloop.agent.service_client import ServiceClient
-from kernelloop.contract import ErrorBody
-from kernelloop.server.mcp_tools import build_mcp_server
+from kernelloop.contract import (
+    AttemptDetail,
+    ErrorBody,
+    JobPublic,
+    LeaderboardEntry,
+    ProblemDetail,
+    ProblemSummary,
+    SubmissionRequest,
+)
+from kernelloop.server import reads
+from kernelloop.server.auth import admit
+from kernelloop.server.errors import ApiError
+from kernelloop.server.mcp_tools import Refused, ServiceCalls, build_mcp_server
+from kernelloop.server.service import Service
+from kernelloop.tools.phase_registry import TOOLS, ToolName
+from kernelloop.tools.results import Backend
 
+T = TypeVar("T")
 MCP_PATH = "/mcp"
 LOOPBACK_ONLY = TransportSecuritySettings(
     allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
@@ -33,17 +50,16 @@ LOOPBACK_ONLY = TransportSecuritySettings(
 )
 
 
-def mount_mcp(app: FastAPI, token: SecretStr | None) -> MCPServer:
+def mount_mcp(app: FastAPI, service: Service, token: SecretStr | None) -> MCPServer:
     """Add the /mcp route to `app`; run `server.session_manager.run()` for as long as the app serves."""
     secret = token.get_secret_value() if token else None
+    calls = InService(service)
 
     @asynccontextmanager
-    async def in_process() -> AsyncIterator[ServiceClient]:
-        transport = httpx.ASGITransport(app=app)
-        async with ServiceClient("http://kernelloop.in-process", token=secret, transport=transport) as client:
-            yield client
+    async def in_service() -> AsyncIterator[ServiceCalls]:
+        yield calls
 
-    server = build_mcp_server(in_process)
+    server = build_mcp_server(in_service)
     server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         transport_security=LOOPBACK_ONLY
@@ -53,6 +69,65 @@ def mount_mcp(app: FastAPI, token: SecretStr | None) -> MCPServer:
     endpoint = _RequireToken(StreamableHTTPASGIApp(server.session_manager), secret)
     app.router.routes.append(Route(MCP_PATH, endpoint=endpoint, methods=["GET", "POST", "DELETE"]))
     return server
+
+
+class InService:
+    """The MCP tools' `ServiceCalls`, made on the service itself (in a worker thread, as a route's are). The token
+    was checked at the endpoint (`_RequireToken`), for every call; a submission passes the rate limit first."""
+
+    def __init__(self, service: Service):
+        self.service = service
+
+    async def queue(self, tool: ToolName, request: SubmissionRequest, client: str) -> JobPublic:
+        def submit() -> JobPublic:
+            admit(self.service, client)
+            return self.service.submit(TOOLS[tool].phase, request, client)
+
+        return await _refusing(submit)
+
+    async def wait(self, job: JobPublic, seconds: float) -> JobPublic:
+        return await self.service.wait(job.id, seconds, reused_attempt=job.reused_attempt)
+
+    async def cancel(self, job_id: int, client: str) -> None:
+        try:
+            await asyncio.to_thread(self.service.cancel, job_id, client)
+        except ApiError as exc:
+            if exc.status_code != 409:  # 409: it has ended meanwhile, nothing to cancel
+                raise
+
+    async def problems(self) -> list[ProblemSummary]:
+        return await self._read(reads.problem_summaries)
+
+    async def problem(self, name: str) -> ProblemDetail:
+        return await self._read(lambda session: reads.problem_detail(self.service, session, name, "name"))
+
+    async def attempt(self, attempt_id: int) -> AttemptDetail:
+        return await self._read(lambda session: reads.attempt_detail(session, attempt_id, "attempt_id"))
+
+    async def leaderboard(self, problem: str, backend: Backend | None, limit: int) -> list[LeaderboardEntry]:
+        return await self._read(
+            lambda session: reads.problem_leaderboard(self.service, session, problem, "problem", backend, limit)
+        )
+
+    async def _read(self, read: Callable[[Session], T]) -> T:
+        def in_session() -> T:
+            with Session(self.service.engine) as session:
+                return read(session)
+
+        return await _refusing(in_session)
+
+
+async def _refusing(call: Callable[[], T]) -> T:
+    """`call()` in a worker thread; an ApiError it raises comes back as `Refused`, in the words a client of the
+    HTTP API reads (`ServiceFailure`), the field named as the tool's argument (a submission's body fields are
+    its arguments)."""
+    try:
+        return await asyncio.to_thread(call)
+    except ApiError as exc:
+        body = exc.body
+        field = f" ({body.field.removeprefix('body.')})" if body.field else ""
+        fix = f"; {body.fix}" if body.fix else ""
+        raise Refused(f"{exc.status_code} {body.error}{field}: {body.message}{fix}") from exc
 
 
 class _RequireToken:

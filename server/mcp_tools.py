@@ -1,37 +1,45 @@
 """The service's tools over the Model Context Protocol, for coding agents (Claude Code, Cursor, Codex, ...).
 
-Built on the official SDK's `MCPServer`. Every tool is a call of the HTTP API through a `ServiceClient`, so an
-MCP call is checked, recorded and judged exactly as an HTTP call is: over stdio (`kernelloop mcp`) the client
-talks to a service by URL; mounted on the service (`/mcp`) it talks to the same app in-process. Results come
-back as structured content (the API's own JSON) with a short text summary an agent reads well: the status,
-the first diagnostics with their source lines, the first mismatches, per-shape speedups.
+Built on the official SDK's `MCPServer`. The tools ask a `ServiceCalls` for what they do, so an MCP call is
+checked, recorded and judged exactly as an HTTP call is: mounted on the service (`/mcp`,
+`kernelloop.server.mcp_mount`) the calls are the service's own functions, those its routes call; over stdio
+(`kernelloop mcp`) the command line hands in calls of a service's HTTP API. Results come back as structured
+content (the API's own JSON) with a short text summary an agent reads well: the status, the first diagnostics
+with their source lines, the first mismatches, per-shape speedups (`kernelloop.tools.summaries`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Annotated, Any, Protocol
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, TextContent
+from pydantic import BaseModel, Field
 
-from kernelloop.agent.models import ToolName
-from kernelloop.agent.service_client import ServiceClient, ServiceFailure
-from kernelloop.agent.tool_summaries import summarize_result
-from kernelloop.contract import TERMINAL_JOB_STATUSES, JobPublic, SubmissionRequest
+from kernelloop.contract import (
+    MAX_ID,
+    TERMINAL_JOB_STATUSES,
+    AttemptDetail,
+    JobPublic,
+    LeaderboardEntry,
+    ProblemDetail,
+    ProblemSummary,
+    SubmissionRequest,
+)
+from kernelloop.server.reads import MAX_LEADERBOARD, MAX_NAME_CHARS
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.phase_registry import TOOLS
+from kernelloop.tools.phase_registry import TOOLS, ToolName
 from kernelloop.tools.results import Backend
+from kernelloop.tools.summaries import summarize_result
 
 log = logging.getLogger("kernelloop.mcp")
 
-ClientFactory = Callable[[], AbstractAsyncContextManager[ServiceClient]]
 POLL_S = 1.0
 JOB_TIMEOUT_S = 3600.0
 INSTRUCTIONS = (
@@ -39,10 +47,45 @@ INSTRUCTIONS = (
     "ModelNew, usually with torch.utils.cpp_extension.load_inline). list_problems names the problems; "
     "compile_kernel, run_tests and benchmark are the phases, evaluate runs all three. Every call is recorded."
 )
+ProblemName = Annotated[str, Field(max_length=MAX_NAME_CHARS, description="a problem name, e.g. causal_conv1d")]
+AttemptId = Annotated[int, Field(ge=1, le=MAX_ID, description="an attempt id")]
+LeaderboardLimit = Annotated[int, Field(ge=1, le=MAX_LEADERBOARD)]
 
 
-def build_mcp_server(connect: ClientFactory) -> MCPServer:
-    """The MCP server; `connect()` opens a ServiceClient on the service the tools call."""
+class Refused(Exception):
+    """A call the service refused, or could not make; the message names the argument and says what to do."""
+
+
+class ServiceCalls(Protocol):
+    """What the MCP tools ask of the service. Every method raises `Refused` where the service says no.
+
+    `client` is the MCP client's address where the transport knows it (the service keeps it with the attempt
+    and limits its rate as it does an HTTP client's); over HTTP the service reads it from the connection."""
+
+    async def queue(self, tool: ToolName, request: SubmissionRequest, client: str) -> JobPublic:
+        """Record the attempt and queue its job; the job as queued."""
+        ...
+
+    async def wait(self, job: JobPublic, seconds: float) -> JobPublic:
+        """The job once it has ended, or as it is after about `seconds`."""
+        ...
+
+    async def cancel(self, job_id: int, client: str) -> None: ...
+
+    async def problems(self) -> list[ProblemSummary]: ...
+
+    async def problem(self, name: str) -> ProblemDetail: ...
+
+    async def attempt(self, attempt_id: int) -> AttemptDetail: ...
+
+    async def leaderboard(self, problem: str, backend: Backend | None, limit: int) -> list[LeaderboardEntry]: ...
+
+
+ConnectCalls = Callable[[], AbstractAsyncContextManager[ServiceCalls]]
+
+
+def build_mcp_server(connect: ConnectCalls) -> MCPServer:
+    """The MCP server; `connect()` opens the `ServiceCalls` of the service the tools call."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     server = MCPServer(name="kernelloop", instructions=INSTRUCTIONS)
@@ -70,10 +113,11 @@ def build_mcp_server(connect: ClientFactory) -> MCPServer:
             )
         except ValueError as exc:
             return _failed(f"invalid arguments: {exc}")
-        async with connect() as client:
-            job = await _submit_and_follow(client, tool, request, ctx)
-        if isinstance(job, ServiceFailure):
-            return _failed(str(job))
+        try:
+            async with connect() as calls:
+                job = await _submit_and_follow(calls, tool, request, ctx)
+        except Refused as exc:
+            return _failed(str(exc))
         return CallToolResult(
             content=[TextContent(text=_job_summary(job, code))], structured_content=job.model_dump(mode="json")
         )
@@ -83,34 +127,37 @@ def build_mcp_server(connect: ClientFactory) -> MCPServer:
 
     @server.tool(description="Every problem the service knows: name, dtype, tolerance policy, shape counts.")
     async def list_problems() -> CallToolResult:
-        async with connect() as client:
-            return _answer(await client.get_json("/v1/problems"))
+        async with connect() as calls:
+            return await _answer(calls.problems())
 
     @server.tool(description="One problem: its reference source, shapes (sizes, FLOP and byte counts), tolerance.")
-    async def get_problem(name: str) -> CallToolResult:
-        async with connect() as client:
-            return _answer(await client.get_json(f"/v1/problems/{name}"))
+    async def get_problem(name: ProblemName) -> CallToolResult:
+        async with connect() as calls:
+            return await _answer(calls.problem(name))
 
     @server.tool(description="One attempt: its code, status, speedup and every evaluation with its full result.")
-    async def get_attempt(attempt_id: int) -> CallToolResult:
-        async with connect() as client:
-            return _answer(await client.get_json(f"/v1/attempts/{attempt_id}"))
+    async def get_attempt(attempt_id: AttemptId) -> CallToolResult:
+        async with connect() as calls:
+            return await _answer(calls.attempt(attempt_id))
 
     @server.tool(description="A problem's correct attempts, fastest first (speedup over eager PyTorch).")
-    async def leaderboard(problem: str, backend: Backend | None = None, limit: int = 10) -> CallToolResult:
-        params: dict[str, Any] = {"limit": limit} | ({"backend": backend} if backend else {})
-        async with connect() as client:
-            return _answer(await client.get_json(f"/v1/problems/{problem}/leaderboard", params))
+    async def leaderboard(
+        problem: ProblemName, backend: Backend | None = None, limit: LeaderboardLimit = 10
+    ) -> CallToolResult:
+        async with connect() as calls:
+            return await _answer(calls.leaderboard(problem, backend, limit))
 
     @server.resource("kernelloop://problems/{name}", mime_type="application/json", description="a problem")
     async def problem_resource(name: str) -> str:
-        async with connect() as client:
-            return _resource(await client.get_json(f"/v1/problems/{name}"))
+        async with connect() as calls:
+            return await _resource(calls.problem(name))
 
     @server.resource("kernelloop://attempts/{attempt_id}", mime_type="application/json", description="an attempt")
     async def attempt_resource(attempt_id: str) -> str:
-        async with connect() as client:
-            return _resource(await client.get_json(f"/v1/attempts/{attempt_id}"))
+        if not (attempt_id.isdigit() and 1 <= int(attempt_id) <= MAX_ID):
+            raise ValueError(f"attempt_id: {attempt_id!r} is not an attempt id (a whole number from 1)")
+        async with connect() as calls:
+            return await _resource(calls.attempt(int(attempt_id)))
 
     return server
 
@@ -132,27 +179,27 @@ def _register_tool(server: MCPServer, name: ToolName, summary: str, run_tool: Ca
 
 
 async def _submit_and_follow(
-    client: ServiceClient, tool: ToolName, request: SubmissionRequest, ctx: Context
-) -> JobPublic | ServiceFailure:
+    calls: ServiceCalls, tool: ToolName, request: SubmissionRequest, ctx: Context
+) -> JobPublic:
     """Queue the job, then report its progress to the MCP client until it ends. A client that goes away (or
     cancels the call) cancels the job: nobody would read its verdict."""
-    job = await client.queue(tool, request)
-    if not isinstance(job, JobPublic):
-        return job
+    client = _client_address(ctx)
+    job = await calls.queue(tool, request, client)
     job_id, deadline = job.id, time.monotonic() + JOB_TIMEOUT_S
     try:
-        while isinstance(job, JobPublic) and job.status not in TERMINAL_JOB_STATUSES and time.monotonic() < deadline:
+        while job.status not in TERMINAL_JOB_STATUSES and time.monotonic() < deadline:
             step = job.current
             message = (
                 f"{step.step}: {step.message} ({step.elapsed_s:.0f} s)" if step else f"job {job_id} {job.status.value}"
             )
             await ctx.report_progress(len(job.results), len(job.steps) or None, message)
-            await asyncio.sleep(POLL_S)
-            job = await client.job(job_id)
+            job = await calls.wait(job, POLL_S)
+    except Refused:  # the service could not say how the job is doing: it goes on, GET /v1/jobs/{id} follows it
+        raise
     except BaseException:
         with anyio.CancelScope(shield=True):
             try:
-                await client.cancel_job(job_id)
+                await calls.cancel(job_id, client)
             except Exception:  # the service is going away too: its restart re-queues or ends the job
                 log.warning("MCP: could not cancel job %d after its client left", job_id, exc_info=True)
         raise
@@ -160,7 +207,8 @@ async def _submit_and_follow(
 
 
 def _job_summary(job: JobPublic, code: str) -> str:
-    lines = [f"job {job.id} {job.status.value}: {job.outcome or job.note or 'no verdict'} (attempt {job.attempt_id})"]
+    verdict = job.outcome.value if job.outcome else job.note or "no verdict"
+    lines = [f"job {job.id} {job.status.value}: {verdict} (attempt {job.attempt_id})"]
     for result in job.results:
         lines += summarize_result(result, code)
     if job.note:
@@ -174,20 +222,36 @@ def _client_name(ctx: Context) -> str:
     return str(getattr(info, "name", "") or "client")[:100]
 
 
+def _client_address(ctx: Context) -> str:
+    """The MCP client's address, as an HTTP route names its client; "mcp" where the transport has none (stdio)."""
+    request = getattr(ctx.request_context, "request", None)
+    address = getattr(getattr(request, "client", None), "host", None)
+    return str(address or "mcp")
+
+
 def _failed(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(text=message)], is_error=True)
 
 
-def _answer(answer: Any) -> CallToolResult:
-    if isinstance(answer, ServiceFailure):
-        return _failed(str(answer))
+def _json(answer: BaseModel | Sequence[BaseModel]) -> Any:
+    if isinstance(answer, BaseModel):
+        return answer.model_dump(mode="json")
+    return [item.model_dump(mode="json") for item in answer]
+
+
+async def _answer(call: Awaitable[BaseModel | Sequence[BaseModel]]) -> CallToolResult:
+    try:
+        answer = _json(await call)
+    except Refused as exc:
+        return _failed(str(exc))
     return CallToolResult(
         content=[TextContent(text=json.dumps(answer, indent=1)[:20000])],
         structured_content=answer if isinstance(answer, dict) else {"items": answer},
     )
 
 
-def _resource(answer: Any) -> str:
-    if isinstance(answer, ServiceFailure):
-        raise ValueError(str(answer))
-    return json.dumps(answer)
+async def _resource(call: Awaitable[BaseModel | Sequence[BaseModel]]) -> str:
+    try:
+        return json.dumps(_json(await call))
+    except Refused as exc:
+        raise ValueError(str(exc)) from exc

@@ -1,20 +1,63 @@
 """`kernelloop mcp`: the MCP tools over stdio, for a coding agent that starts its tools as processes.
 
-Without --server the service runs embedded (SQLite in the data folder), as for `kernelloop agent run`; stdout
-carries the protocol and nothing else, so notes go to stderr.
+The tools (`kernelloop.server.mcp_tools`) call a service's HTTP API through the agent's client: the one at
+--server, or one embedded (SQLite in the data folder), as for `kernelloop agent run`. stdout carries the
+protocol and nothing else, so notes go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import ExitStack, asynccontextmanager
+from typing import TypeVar
 
 import anyio
 
-from kernelloop.agent.service_client import ServiceClient
+from kernelloop import contract
+from kernelloop.agent.service_client import ServiceClient, ServiceFailure
 from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
-from kernelloop.server.mcp_tools import build_mcp_server
+from kernelloop.server.mcp_tools import Refused, ServiceCalls, build_mcp_server
+from kernelloop.tools.phase_registry import ToolName
+from kernelloop.tools.results import Backend
+
+T = TypeVar("T")
+
+
+class OverHttp:
+    """The MCP tools' `ServiceCalls` as calls of a service's HTTP API (the service names the client itself)."""
+
+    def __init__(self, client: ServiceClient):
+        self.client = client
+
+    async def queue(self, tool: ToolName, request: contract.SubmissionRequest, client: str) -> contract.JobPublic:
+        return _answered(await self.client.queue(tool, request))
+
+    async def wait(self, job: contract.JobPublic, seconds: float) -> contract.JobPublic:
+        await asyncio.sleep(seconds)
+        return _answered(await self.client.job(job.id))
+
+    async def cancel(self, job_id: int, client: str) -> None:
+        await self.client.cancel_job(job_id)
+
+    async def problems(self) -> list[contract.ProblemSummary]:
+        return _answered(await self.client.problems())
+
+    async def problem(self, name: str) -> contract.ProblemDetail:
+        return _answered(await self.client.problem(name))
+
+    async def attempt(self, attempt_id: int) -> contract.AttemptDetail:
+        return _answered(await self.client.attempt(attempt_id))
+
+    async def leaderboard(self, problem: str, backend: Backend | None, limit: int) -> list[contract.LeaderboardEntry]:
+        return _answered(await self.client.leaderboard(problem, backend, limit))
+
+
+def _answered(answer: T | ServiceFailure) -> T:
+    if isinstance(answer, ServiceFailure):
+        raise Refused(str(answer))
+    return answer
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -27,9 +70,9 @@ def _run(args: argparse.Namespace) -> int:
         url = served[0]
 
         @asynccontextmanager
-        async def connect() -> AsyncIterator[ServiceClient]:
+        async def connect() -> AsyncIterator[ServiceCalls]:
             async with ServiceClient(url, token=token) as client:
-                yield client
+                yield OverHttp(client)
 
         anyio.run(build_mcp_server(connect).run_stdio_async)
     return 0

@@ -20,11 +20,12 @@ from kernelloop.contract import (
     RunStatus,
     RunUpdate,
 )
+from kernelloop.server import reads
 from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
 from kernelloop.server.errors import ApiError
 from kernelloop.server.routes.deps import MAX_ID, AttemptId, RunId, ServiceDep, SessionDep
 from kernelloop.storage import history
-from kernelloop.storage.models import Attempt, Run
+from kernelloop.storage.models import Run
 from kernelloop.tools.results import Backend
 
 router = APIRouter(prefix="/v1", tags=["history"], dependencies=[ReadGuard], responses=READ_GUARDED)
@@ -39,15 +40,6 @@ def _run(session: Session, run_id: int) -> Run:
     if run is None:
         raise ApiError(404, "unknown_run", f"no run {run_id}", field="path.run_id", fix="GET /v1/runs lists the runs")
     return run
-
-
-def _attempt(session: Session, attempt_id: int, field: str) -> Attempt:
-    attempt = session.get(Attempt, attempt_id)
-    if attempt is None:
-        raise ApiError(
-            404, "unknown_attempt", f"no attempt {attempt_id}", field=field, fix="GET /v1/attempts lists the attempts"
-        )
-    return attempt
 
 
 @router.post("/runs", response_model=RunPublic, status_code=201, responses=MUTATION_ERRORS)
@@ -92,10 +84,7 @@ def list_attempts(session: SessionDep, f: Annotated[AttemptFilter, Query()]) -> 
 @router.get("/attempts/{attempt_id}", response_model=AttemptDetail, responses={404: {"model": ErrorBody}})
 def get_attempt(attempt_id: AttemptId, session: SessionDep) -> AttemptDetail:
     """One attempt: its code and every evaluation with the full result and log."""
-    _attempt(session, attempt_id, "path.attempt_id")
-    detail = history.attempt_detail(session, attempt_id)
-    assert detail is not None  # the attempt exists
-    return detail
+    return reads.attempt_detail(session, attempt_id, "path.attempt_id")
 
 
 @router.get(
@@ -109,7 +98,7 @@ def diff_attempt(
     against: Annotated[int | None, Query(ge=1, le=MAX_ID, description="default: the parent attempt")] = None,
 ) -> AttemptDiff:
     """Unified diff from another attempt's code (by default its parent's) to this one's."""
-    attempt = _attempt(session, attempt_id, "path.attempt_id")
+    attempt = reads.attempt_row(session, attempt_id, "path.attempt_id")
     base = against if against is not None else attempt.parent_id
     if base is None:
         raise ApiError(
@@ -119,7 +108,7 @@ def diff_attempt(
             field="query.against",
             fix="give ?against=ATTEMPT_ID",
         )
-    _attempt(session, base, "query.against")
+    reads.attempt_row(session, base, "query.against")
     diff = history.diff_attempts(session, base, attempt_id)
     assert diff is not None  # both attempts exist
     return diff

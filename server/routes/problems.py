@@ -8,26 +8,26 @@ from fastapi import APIRouter, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from kernelloop.contract import ErrorBody, LeaderboardEntry, ProblemCreate, ProblemDetail, ProblemSummary
+from kernelloop.server import reads
 from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
 from kernelloop.server.routes.deps import ServiceDep, SessionDep
-from kernelloop.storage import history, problems
 from kernelloop.tools.results import Backend
 
 router = APIRouter(prefix="/v1", tags=["problems"], dependencies=[ReadGuard], responses=READ_GUARDED)
 
-ProblemName = Annotated[str, Path(max_length=200, description="a problem name, e.g. causal_conv1d")]
+ProblemName = Annotated[str, Path(max_length=reads.MAX_NAME_CHARS, description="a problem name, e.g. causal_conv1d")]
 
 
 @router.get("/problems", response_model=list[ProblemSummary])
 def list_problems(session: SessionDep) -> list[ProblemSummary]:
     """Every problem the service knows: the shipped ones and those registered over HTTP."""
-    return [problems.summary(row) for row in problems.all_problems(session)]
+    return reads.problem_summaries(session)
 
 
 @router.get("/problems/{name}", response_model=ProblemDetail, responses={404: {"model": ErrorBody}})
 def get_problem(name: ProblemName, service: ServiceDep, session: SessionDep) -> ProblemDetail:
     """One problem: its source, shapes (constructor arguments, input sizes, FLOP and byte counts), tolerance."""
-    return problems.detail(service.problem_row(session, name, "path.name"))
+    return reads.problem_detail(service, session, name, "path.name")
 
 
 @router.post(
@@ -58,8 +58,7 @@ def problem_leaderboard(
     service: ServiceDep,
     session: SessionDep,
     backend: Backend | None = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 10,
+    limit: Annotated[int, Query(ge=1, le=reads.MAX_LEADERBOARD)] = 10,
 ) -> list[LeaderboardEntry]:
     """The problem's correct attempts, fastest first (speedup over eager PyTorch)."""
-    row = service.problem_row(session, name, "path.name")
-    return history.leaderboard(session, problem_id=row.id, backend=backend, limit=limit)
+    return reads.problem_leaderboard(service, session, name, "path.name", backend, limit)

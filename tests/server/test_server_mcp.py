@@ -113,6 +113,29 @@ def test_a_client_that_leaves_mid_call_cancels_its_job(service: ServiceProcess) 
     assert job["status"] == "failed" and len(job["results"]) < 3, job  # it did not run to its benchmark
 
 
+def test_a_problem_name_is_only_a_name_not_a_path_into_the_api(service: ServiceProcess) -> None:
+    # the mounted tools once built their URLs from the arguments: `../attempts/1` read attempt 1, `../runs` the runs
+    async def ask(client: Client) -> list:
+        return [await client.call_tool("get_problem", {"name": name}) for name in ("../attempts/1", "../runs")]
+
+    async def main():
+        async with _http(service) as client:
+            mounted = await ask(client)
+            leaderboard = await client.call_tool("leaderboard", {"problem": "../attempts/1"})
+        async with _stdio(service) as client:
+            return mounted, leaderboard, await ask(client)
+
+    mounted, leaderboard, over_stdio = anyio.run(main)
+    for result, name in zip(mounted, ("../attempts/1", "../runs")):
+        assert result.is_error and not result.structured_content, result
+        text = result.content[0].text
+        assert text.startswith(f"404 unknown_problem (name): unknown problem {name!r}") and PROBLEM in text, text
+    assert leaderboard.is_error and "unknown_problem (problem)" in leaderboard.content[0].text, leaderboard
+    for result in over_stdio:  # over HTTP the name is one path segment: no endpoint answers it
+        assert result.is_error and not result.structured_content, result
+        assert "attempt" not in result.content[0].text.split(":")[0], result.content[0].text
+
+
 def test_the_http_endpoint_refuses_a_client_without_the_token(service: ServiceProcess) -> None:
     answer = httpx.post(f"{service.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     assert answer.status_code == 401 and answer.json()["field"] == "header.Authorization", answer.text

@@ -1,36 +1,18 @@
 """Peak rates of the devices we time on, for roofline floors and the too-fast check.
 
-Vendor datasheet figures (dense, no sparsity). A GPU not in the table gets its bandwidth measured
+The vendors' datasheet figures (`kernelloop.tools.datasheet`). A GPU not in the table gets its bandwidth measured
 with a device-to-device copy and no compute peak, so floors stay conservative rather than invented.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel
-
-
-class DevicePeaks(BaseModel):
-    name: str
-    bandwidth_bytes_s: float
-    tf32_flops_s: float | None = None
-    fp32_flops_s: float | None = None
-    source: str = "datasheet"
-
-
-# Substring of torch.cuda.get_device_name() -> peaks. Order matters: the first match wins.
-DATASHEET = [
-    ("H200", DevicePeaks(name="H200", bandwidth_bytes_s=4.8e12, tf32_flops_s=495e12, fp32_flops_s=67e12)),
-    ("H100 PCIe", DevicePeaks(name="H100 PCIe", bandwidth_bytes_s=2.0e12, tf32_flops_s=378e12, fp32_flops_s=51e12)),
-    ("H100", DevicePeaks(name="H100 SXM", bandwidth_bytes_s=3.35e12, tf32_flops_s=495e12, fp32_flops_s=67e12)),
-    ("A100", DevicePeaks(name="A100", bandwidth_bytes_s=2.04e12, tf32_flops_s=156e12, fp32_flops_s=19.5e12)),
-    ("L40S", DevicePeaks(name="L40S", bandwidth_bytes_s=0.864e12, tf32_flops_s=183e12, fp32_flops_s=91.6e12)),
-]
+from kernelloop.tools.datasheet import DevicePeaks, datasheet_peaks
 
 
 def gpu_peaks(device_name: str) -> DevicePeaks:
-    for key, peaks in DATASHEET:
-        if key in device_name:
-            return peaks
+    peaks = datasheet_peaks(device_name)
+    if peaks is not None:
+        return peaks
     return DevicePeaks(name=device_name, bandwidth_bytes_s=_measured_copy_bandwidth(), source="measured copy x1.25")
 
 

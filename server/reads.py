@@ -1,0 +1,54 @@
+"""The reads the HTTP routes and the MCP tools share: the problems, one problem by name, one attempt by id, a
+problem's leaderboard.
+
+Each lookup takes the name or id as given and refuses what it cannot find with the ApiError a route answers
+(404, the field named), so a name is only ever a name: `../attempts/1` is an unknown problem, whichever side
+asked. The bounds a route's parameters declare are here too, for the MCP tools' arguments to declare alike.
+"""
+
+from __future__ import annotations
+
+from sqlmodel import Session
+
+from kernelloop.contract import AttemptDetail, LeaderboardEntry, ProblemDetail, ProblemSummary
+from kernelloop.server.errors import ApiError
+from kernelloop.server.service import Service
+from kernelloop.storage import history, problems
+from kernelloop.storage.models import Attempt
+from kernelloop.tools.results import Backend
+
+MAX_NAME_CHARS = 200
+"""The longest problem name a read takes (a registered name is shorter: PROBLEM_NAME_PATTERN)."""
+MAX_LEADERBOARD = 100
+"""The most entries one leaderboard read answers."""
+
+
+def problem_summaries(session: Session) -> list[ProblemSummary]:
+    return [problems.summary(row) for row in problems.all_problems(session)]
+
+
+def problem_detail(service: Service, session: Session, name: str, field: str) -> ProblemDetail:
+    return problems.detail(service.problem_row(session, name, field))
+
+
+def attempt_row(session: Session, attempt_id: int, field: str) -> Attempt:
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise ApiError(
+            404, "unknown_attempt", f"no attempt {attempt_id}", field=field, fix="GET /v1/attempts lists the attempts"
+        )
+    return attempt
+
+
+def attempt_detail(session: Session, attempt_id: int, field: str) -> AttemptDetail:
+    attempt_row(session, attempt_id, field)
+    detail = history.attempt_detail(session, attempt_id)
+    assert detail is not None  # the attempt exists
+    return detail
+
+
+def problem_leaderboard(
+    service: Service, session: Session, name: str, field: str, backend: Backend | None, limit: int
+) -> list[LeaderboardEntry]:
+    row = service.problem_row(session, name, field)
+    return history.leaderboard(session, problem_id=row.id, backend=backend, limit=limit)
