@@ -8,8 +8,8 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from kernelloop.agent.embedded import EmbeddedService, EmbeddedServiceError, serve_unless_given
 from kernelloop.agent.settings import AgentSettings
+from kernelloop.cli.embedded import EmbeddedService, EmbeddedServiceError, serve_unless_given
 
 
 def client_settings(args: argparse.Namespace) -> AgentSettings:

@@ -17,13 +17,13 @@ from conftest import PROBLEM
 from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from sqlmodel import Session
 
-from kernelloop.agent.embedded import EmbeddedService
 from kernelloop.agent.models import AgentRunConfig, LlmConfig, RunSummary
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, start_run
 from kernelloop.agent.service_client import ServiceClient
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.agent.templates import discover_templates
+from kernelloop.cli.embedded import EmbeddedService
 from kernelloop.contract import AttemptFilter
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history

@@ -18,12 +18,12 @@ import pytest
 from conftest import QUIET_SERVICE_ENV, REPO, run_kernelloop
 from sqlmodel import Session
 
-from kernelloop.agent.embedded import EmbeddedService
 from kernelloop.agent.models import AgentRunConfig, RunSummary
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, start_run
 from kernelloop.agent.service_client import ServiceClient
 from kernelloop.agent.settings import AgentSettings
+from kernelloop.cli.embedded import EmbeddedService
 from kernelloop.contract import AttemptFilter
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history

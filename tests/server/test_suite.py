@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernelloop.agent.embedded import EmbeddedService
 from kernelloop.agent.suite import find_solution, plan_suite, registered_name
 from kernelloop.cli import main
+from kernelloop.cli.embedded import EmbeddedService
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage.suites import level_metrics
 from kernelloop.tools.problems import ProblemError, problem_sets

@@ -1,8 +1,9 @@
-"""The service embedded in the agent's process: uvicorn on a free loopback port, in a background thread.
+"""The service embedded in a command's process: uvicorn on a free loopback port, in a background thread.
 
-`kernelloop agent run` without --server starts one with the default settings (SQLite inside the data
-folder), so the agent talks HTTP to the same service it would reach remotely, and the history it leaves
-is what `kernelloop history` and a later `kernelloop serve` show.
+`kernelloop agent run` (and `suite`, `mcp`) without --server starts one with the default settings (SQLite
+inside the data folder) and hands the agent its URL, so the agent talks HTTP to the same service it would
+reach remotely, and the history it leaves is what `kernelloop history` and a later `kernelloop serve` show.
+The command line composes the two here: the agent never imports the service, nor the service the agent.
 """
 
 from __future__ import annotations
