@@ -1,0 +1,164 @@
+"""Imports go down the house, never up or sideways: every import of every module, read with `ast` (those inside
+functions and under TYPE_CHECKING too), checked against the one table of allowed edges below.
+
+The floors, from the top: the command line (`kernelloop/cli`), which composes the rest; the agent and the
+service side by side below it, neither importing the other (the command line starts an embedded service and
+hands the agent its URL); storage under the service; the HTTP contract under them all; and the tools at the
+bottom: their shared vocabulary (results, jobs, problems, phases, settings, the verdict text, the datasheet),
+`tools.api` (the three functions, each a sandboxed worker), and four rooms. The rooms keep the judge/candidate
+line: the judge (inside the sandboxed worker) forks the candidate's runner and speaks its protocol; the runner
+builds and imports the submission and never reaches into the judge; sandbox and build are the caller's side.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = ["tools", "server", "agent", "storage", "kernelloop/cli", "kernelloop/contract.py", "kernelloop/__main__.py"]
+ROOMS = ("sandbox", "build", "judge", "runner")
+
+ALLOWED: dict[str, set[str]] = {
+    "cli": {"agent", "server", "storage", "contract", "tools", "tools.api", *(f"tools/{room}" for room in ROOMS)},
+    "agent": {"contract", "tools"},
+    "server": {"storage", "contract", "tools", "tools.api", "tools/sandbox", "tools/build"},
+    "storage": {"contract", "tools"},
+    "contract": {"tools"},
+    "tools.api": {"tools", "tools/sandbox", "tools/build"},
+    "tools": set(),
+    "tools/sandbox": {"tools", "tools/build"},
+    "tools/build": {"tools", "tools/sandbox"},
+    "tools/judge": {"tools", "tools/runner"},
+    "tools/runner": {"tools", "tools/build"},
+}
+"""Which units a unit's modules may import (its own always). `kernelloop` itself, the namespace, holds nothing
+but its docstring, and any module may import it (the sandbox's view does, for the package's folder)."""
+
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("tools/runner", "kernelloop.tools.judge.l2_cache"): "the runner binds the L2 reset before the candidate's import, "
+    "so that both sides of a timed call reset the persisting lines alike; a leaf of ctypes calls, no judging in it",
+    ("tools/runner", "kernelloop.tools.sandbox.seccomp"): "the runner's guard is a seccomp filter of its own, "
+    "built on the sandbox's table of ABIs (AUDIT_ARCH, the x32 bit): one table, so no ABI slips past either filter",
+    ("tools", "kernelloop.tools.build.toolchain"): "a problem's spec cache (tools.problems) is keyed on the torch "
+    "version, which the toolchain reads from torch's version file without importing torch",
+}
+"""Single modules a unit may import from a unit it may not, each with its reason."""
+
+
+def unit_of_module(module: str) -> str | None:
+    """The unit a dotted module name of ours belongs to; None for a module not of ours."""
+    parts = module.split(".")
+    if parts[0] != "kernelloop":
+        return None
+    if len(parts) == 1:
+        return "kernelloop"
+    top = parts[1]
+    if top in ("cli", "__main__"):
+        return "cli"
+    if top == "tools":
+        if len(parts) == 2 or parts[2] == "api":
+            return "tools.api"  # the package's face re-exports the three functions
+        return f"tools/{parts[2]}" if parts[2] in ROOMS else "tools"
+    return top  # agent, server, storage, contract; anything else is a unit the table does not know
+
+
+def module_of_file(path: Path) -> str:
+    """`tools/judge/phases.py` -> `kernelloop.tools.judge.phases` (the top-level folders install under kernelloop)."""
+    relative = path.relative_to(REPO).with_suffix("")
+    parts = list(relative.parts)
+    if parts[0] != "kernelloop":
+        parts.insert(0, "kernelloop")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_module(module: str) -> bool:
+    """Whether a dotted name of ours is a module or package (`from kernelloop.tools import build`: a package)."""
+    relative = Path(*module.split(".")[1:])
+    return (REPO / "kernelloop" / relative).with_suffix(".py").is_file() or (
+        REPO / "kernelloop" / relative / "__init__.py"
+    ).is_file()
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, module) of every import in `source`, relative ones resolved, `from X import Y` as X.Y where
+    that is a module of ours."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join(package + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.append((node.lineno, full if unit_of_module(full) and _is_module(full) else base))
+    return sorted(set(found))
+
+
+def violations_in(path: Path, source: str) -> list[str]:
+    """`FILE:LINE: FROM -> TO (MODULE)` for every import of `source` (the text of `path`) the table forbids."""
+    module = module_of_file(path)
+    unit = unit_of_module(module)
+    assert unit in ALLOWED, f"{path}: unit {unit!r} is not in the table of allowed edges"
+    out = []
+    for line, target in imported_modules(source, module, path.name == "__init__.py"):
+        to = unit_of_module(target)
+        if to is None or to in (unit, "kernelloop") or to in ALLOWED[unit] or (unit, target) in EXCEPTIONS:
+            continue
+        out.append(f"{path.relative_to(REPO)}:{line}: {unit} -> {to} ({target})")
+    return out
+
+
+def source_files() -> list[Path]:
+    files: list[Path] = []
+    for name in SOURCES:
+        path = REPO / name
+        files += [path] if path.is_file() else sorted(path.rglob("*.py"))
+    return files
+
+
+def test_every_import_follows_the_table_of_allowed_edges() -> None:
+    files = source_files()
+    assert len(files) > 100, files  # the walk found the packages
+    found = [v for path in files for v in violations_in(path, path.read_text())]
+    assert not found, "imports the table in tests/test_imports.py forbids:\n" + "\n".join(found)
+
+
+def test_every_exception_is_still_used() -> None:
+    used = {
+        (unit_of_module(module_of_file(path)), target)
+        for path in source_files()
+        for _line, target in imported_modules(path.read_text(), module_of_file(path), path.name == "__init__.py")
+    }
+    assert set(EXCEPTIONS) <= used, f"exceptions no import needs any more: {set(EXCEPTIONS) - used}"
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "edge"),
+    [
+        ("agent/x.py", "def start():\n    from kernelloop.server.app import create_app\n", "agent -> server"),
+        ("server/x.py", "import kernelloop.agent.service_client\n", "server -> agent"),
+        ("server/x.py", "from kernelloop.tools import judge\n", "server -> tools/judge"),
+        ("storage/x.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..server import app\n", ""),
+        ("tools/runner/x.py", "from kernelloop.tools.judge import phases\n", "tools/runner -> tools/judge"),
+        ("kernelloop/contract.py", "from kernelloop.storage.models import Job\n", "contract -> storage"),
+    ],
+)
+def test_the_walk_names_a_forbidden_edge_with_its_file_and_line(path: str, source: str, edge: str) -> None:
+    edge = edge or "storage -> server"
+    (found,) = violations_in(REPO / path, source)
+    assert found.startswith(f"{path}:") and f": {edge} (" in found, found
+
+
+def test_allowed_edges_and_exceptions_pass() -> None:
+    assert not violations_in(REPO / "tools/runner/x.py", "from kernelloop.tools.judge import l2_cache\n")
+    assert not violations_in(REPO / "kernelloop/cli/x.py", "from kernelloop.server.app import create_app\n")
+    assert not violations_in(REPO / "agent/x.py", "from kernelloop.tools.summaries import summarize_result\n")
