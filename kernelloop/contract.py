@@ -206,7 +206,7 @@ class EvaluationBase(SQLModel):
     backend: Backend = Field(sa_type=Text)
     device: str = ""
     isolation: str | None = None
-    toolchain: dict = Field(default_factory=dict, sa_type=JSON)
+    toolchain: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
     build_seconds: float | None = None
     wall_seconds: float | None = Field(default=None, description="the sandboxed worker's wall time")
     speedup: float | None = Field(default=None, description="benchmark: geometric-mean speedup over eager PyTorch")

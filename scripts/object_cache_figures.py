@@ -21,6 +21,7 @@ from submission_arguments import data_folder, submission_parser
 from kernelloop.tools import api
 from kernelloop.tools.build import header_cache, object_cache
 from kernelloop.tools.results import CompileResult
+from kernelloop.tools.sandbox.launch import serve_object_cache
 from kernelloop.tools.settings import SandboxSettings
 
 OBJECT_WAIT_S = 600.0
@@ -53,7 +54,7 @@ def main() -> int:
         print("the precompiled headers could not be built: see the log", file=sys.stderr)
         return 1
     print(f"precompiled headers: {time.monotonic() - started:.0f} s", file=sys.stderr)
-    object_cache.start(settings)
+    serve_object_cache(settings)
     code = args.submission.read_text()
     rows = []
     for n, label in enumerate(["first build", "kernel changed, binding kept", "kernel changed again"]):

@@ -17,11 +17,12 @@ from pydantic import BaseModel
 from kernelloop.contract import NodeInfo
 from kernelloop.tools import api
 from kernelloop.tools.api import Progress
-from kernelloop.tools.build import header_cache, object_cache
+from kernelloop.tools.build import header_cache
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import Phase
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import Backend, PhaseResult
+from kernelloop.tools.sandbox.launch import serve_object_cache
 from kernelloop.tools.sandbox.worker_pool import WorkerPool
 from kernelloop.tools.settings import SandboxSettings
 
@@ -80,7 +81,7 @@ def start_host_helpers(settings: SandboxSettings, *, has_gpu: bool, max_spares: 
     roomy = has_gpu or (os.cpu_count() or 1) >= ROOMY_CORES
     if roomy:
         header_cache.build_in_background(settings)
-        object_cache.start(settings)
+        serve_object_cache(settings)
     spares = settings.prestart_workers if max_spares is None else min(max_spares, settings.prestart_workers)
     return WorkerPool(spares if roomy else 0)
 

@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "tools.api": {"tools", "tools/sandbox", "tools/build"},
     "tools": set(),
     "tools/sandbox": {"tools", "tools/build"},
-    "tools/build": {"tools", "tools/sandbox"},
+    "tools/build": {"tools"},  # the sandbox runs builds and hands the object cache its runner, never the reverse
     "tools/judge": {"tools", "tools/runner"},
     "tools/runner": {"tools", "tools/build"},
 }

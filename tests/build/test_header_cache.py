@@ -13,9 +13,9 @@ from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM, run_kernelloop
 
 from kernelloop.tools import api
 from kernelloop.tools.build import header_cache, object_cache
-from kernelloop.tools.sandbox import view
 from kernelloop.tools.results import CompileResult, Status
-from kernelloop.tools.sandbox.launch import available_isolation
+from kernelloop.tools.sandbox import view
+from kernelloop.tools.sandbox.launch import available_isolation, serve_object_cache
 from kernelloop.tools.settings import SandboxSettings
 
 OBJECT_DEADLINE_S = 60  # the host compiles at low priority, beside the other tests
@@ -112,7 +112,7 @@ def test_an_unchanged_source_is_not_compiled_again(kl, with_headers: SandboxSett
     if available_isolation(with_headers) != "bubblewrap":
         pytest.skip("the host compiles objects only under bubblewrap")
     assert header_cache.ready(with_headers) is not None, "the test above builds the headers"
-    object_cache.start(with_headers)
+    serve_object_cache(with_headers)
     kept = object_cache.folder(with_headers)
     assert object_cache.ready(with_headers) == kept
     first = api.compile_kernel(PROBLEM, TWO_SOURCES.replace("REVISION", "1.0f"), "cpu", settings=with_headers)

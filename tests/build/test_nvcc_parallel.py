@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kernelloop.tools.build import nvcc_parallel, object_cache, toolchain
-from kernelloop.tools.sandbox.launch import available_isolation
+from kernelloop.tools.sandbox.launch import available_isolation, run_command
 
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 needs_nvcc = pytest.mark.skipif(not Path(NVCC).exists(), reason="no nvcc on this machine")
@@ -230,7 +230,7 @@ def test_a_kernel_with_the_includes_of_an_earlier_one_compiles_on_the_hosts_prec
     assert first.returncode == 0, first.stderr
     (request,) = object_cache.read_requests(builds[0])  # the first build asks for the headers' part
     assert request.header and request.preprocessed.stat().st_size > nvcc_parallel.MIN_PREFIX_BYTES
-    assert object_cache.compile_request(kl.settings, request, kept)
+    assert object_cache.compile_request(kl.settings, request, kept, run_command)
     precompiled = kept / f"{request.key}.h.gch"
     assert not precompiled.stat().st_mode & 0o222  # the host's, read-only to builds
     (kept / f"{request.key}.h").chmod(0o644)

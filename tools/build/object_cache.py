@@ -8,7 +8,8 @@ source compiles as usual and the preprocessed text is left beside the build for 
 
 Only the host writes objects, and never one a job made: a job can write any file under any name, and an
 object planted under the key of someone else's binding would run in their build. The host compiles the
-preprocessed text itself, in a sandbox of its own that sees nothing but that text (`launch.run_command`),
+preprocessed text itself, in a sandbox of its own that sees nothing but that text (the `SandboxedRun` its
+starter hands over: `kernelloop.tools.sandbox.launch.serve_object_cache`, which this room does not import),
 with the options it understands (anything else: not kept), and files the object under the key it computed.
 An object is then what compiling that text with those options gives, whoever asked first. The folder is shown
 to builds without the right to list it: a build opens what it has the key of, the hash of text it holds, and
@@ -30,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +60,11 @@ MAX_PRECOMPILED_HEADERS = 4
 UNLISTED = 0o311
 """the folder's mode: its owner (the sandbox's user maps to it) may add and open files, nobody may list them"""
 _HEADER_PATHS = {"-I", "-isystem", "-iquote", "-idirafter"}
+
+SandboxedRun = Callable[[SandboxSettings, Path, list[str], float], subprocess.CompletedProcess[bytes]]
+"""`run(settings, work_dir, argv, timeout_s)`: runs a program in a sandbox whose output the host may trust, with
+`work_dir` its one writable folder (`kernelloop.tools.sandbox.launch.run_command`). It raises RuntimeError when
+it cannot sandbox, TimeoutExpired or OSError."""
 
 
 def folder(settings: SandboxSettings) -> Path:
@@ -172,14 +179,13 @@ _compiler: ObjectCompiler | None = None
 _starting = threading.Lock()
 
 
-def start(settings: SandboxSettings) -> None:
-    """Keep objects from now on (the service, on a host with room; its builds then look them up)."""
-    from kernelloop.tools.sandbox import launch  # it shows the objects to workers: it imports this module
-
+def start(settings: SandboxSettings, run: SandboxedRun) -> None:
+    """Keep objects from now on, compiled with `run` (the service, on a host with room; its builds then look them
+    up). The caller hands over a sandbox that holds: kernelloop.tools.sandbox.launch.serve_object_cache."""
     global _compiler
     with _starting:
-        if _compiler is None and settings.object_cache and launch.available_isolation(settings) == "bubblewrap":
-            _compiler = ObjectCompiler(settings)
+        if _compiler is None and settings.object_cache:
+            _compiler = ObjectCompiler(settings, run)
 
 
 def ready(settings: SandboxSettings) -> Path | None:
@@ -207,8 +213,8 @@ def build_environment(seen_at: Path, build_dir_seen: Path) -> dict[str, str]:
 class ObjectCompiler:
     """The host's one thread that turns misses into objects, one at a time, at low priority."""
 
-    def __init__(self, settings: SandboxSettings):
-        self.settings = settings
+    def __init__(self, settings: SandboxSettings, run: SandboxedRun):
+        self.settings, self.run = settings, run
         self.target = folder(settings)
         self.target.mkdir(parents=True, exist_ok=True)
         self.target.chmod(UNLISTED)
@@ -241,13 +247,12 @@ class ObjectCompiler:
 
     def _compile(self, request: Request) -> None:
         if not (self.target / request.kept_as).exists():
-            compile_request(self.settings, request, self.target)
+            compile_request(self.settings, request, self.target, self.run)
 
 
-def compile_request(settings: SandboxSettings, request: Request, target: Path) -> bool:
-    """Compile one request in a sandbox of its own and keep what it made in `target`, read-only; whether it did."""
-    from kernelloop.tools.sandbox import launch
-
+def compile_request(settings: SandboxSettings, request: Request, target: Path, run: SandboxedRun) -> bool:
+    """Compile one request in a sandbox of its own (`run`) and keep what it made in `target`, read-only; whether
+    it did."""
     settings.jobs_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="object-", dir=settings.jobs_dir) as work:
         if request.header:
@@ -257,8 +262,8 @@ def compile_request(settings: SandboxSettings, request: Request, target: Path) -
             shutil.copyfile(request.preprocessed, Path(work) / "source.ii")
             argv = [os.environ.get("CXX", "c++"), *request.options, "-c", "source.ii", "-o", "built"]
         try:
-            done = launch.run_command(settings, Path(work), ["nice", "-n", "10", *argv], COMPILE_TIMEOUT_S)
-        except (launch.SandboxUnavailable, subprocess.TimeoutExpired, OSError) as exc:
+            done = run(settings, Path(work), ["nice", "-n", "10", *argv], COMPILE_TIMEOUT_S)
+        except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:  # RuntimeError: no sandbox that holds
             log.warning("object cache: %s not compiled: %s", request.key[:12], exc)
             return False
         built = Path(work) / "built"

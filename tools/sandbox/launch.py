@@ -233,6 +233,25 @@ def worker_environment(extra: dict[str, str], job_dir: Path) -> dict[str, str]:
     return env
 
 
+def _seccomp_fd() -> int:
+    """The read end of a pipe that holds the seccomp filter, for bubblewrap's --seccomp."""
+    seccomp_read, seccomp_write = os.pipe()
+    os.write(seccomp_write, seccomp.filter_program())  # a few hundred bytes: fits the pipe's buffer
+    os.close(seccomp_write)
+    return seccomp_read
+
+
+def _drain_output(proc: subprocess.Popen[bytes], cap: int) -> list[_CappedReader]:
+    """Readers of the process's stdout and stderr, started (the process's own ends are closed here)."""
+    assert proc.stdout is not None and proc.stderr is not None  # both are PIPEs
+    readers = [_CappedReader(os.dup(proc.stdout.fileno()), cap), _CappedReader(os.dup(proc.stderr.fileno()), cap)]
+    proc.stdout.close()
+    proc.stderr.close()
+    for reader in readers:
+        reader.start()
+    return readers
+
+
 class StartedWorker:
     """A sandboxed worker, started and waiting for its job on stdin: `run` hands the job over and waits.
 
@@ -266,20 +285,10 @@ class StartedWorker:
         keep = [result_write]
         prefix: list[str] = []
         if self.isolation == "bubblewrap":
-            seccomp_read, seccomp_write = os.pipe()
-            os.write(seccomp_write, seccomp.filter_program())  # a few hundred bytes: fits the pipe's buffer
-            os.close(seccomp_write)
-            keep.append(seccomp_read)
+            keep.append(_seccomp_fd())
             objects = objects if headers is not None and build_dir is not None else None
             prefix = worker_argv(
-                settings,
-                job_dir,
-                build_dir,
-                read_only,
-                gpu=gpu,
-                seccomp_fd=seccomp_read,
-                headers=headers,
-                objects=objects,
+                settings, job_dir, build_dir, read_only, gpu=gpu, seccomp_fd=keep[1], headers=headers, objects=objects
             )
             if objects is not None:
                 env = {**env, **object_cache.build_environment(view.OBJECTS_MOUNT, view.BUILD_MOUNT)}
@@ -290,43 +299,40 @@ class StartedWorker:
             env = {**env, **header_cache.build_environment(seen_at)}
         # CUDA reserves address space far beyond what it uses, so only a job without a GPU gets an address-space cap
         memory = None if gpu else settings.max_memory_bytes
-        argv = prefix + [sys.executable, "-P", "-m", module, str(result_write)]
-        cgroup = (
+        self.cgroup = (
             JobCgroup.create(f"kernelloop-{job_dir.name}", settings.max_processes, memory)
             if settings.job_cgroups
             else None
         )
-        self.cgroup = cgroup
+        argv = prefix + [sys.executable, "-P", "-m", module, str(result_write)]
+        self.proc = self._spawn(argv, env, keep, int(cpu_limit_s), memory)
+        for fd in keep:
+            os.close(fd)
+        self.readers = _drain_output(self.proc, settings.output_cap_bytes)
+
+    def _spawn(
+        self, argv: list[str], env: dict[str, str], keep: list[int], cpu_seconds: int, memory: int | None
+    ) -> subprocess.Popen[bytes]:
+        """Start the process in its own session, its limits set and its cgroup joined before exec."""
+        settings, cgroup = self.settings, self.cgroup
 
         def in_child() -> None:
-            _limit_resources(int(cpu_limit_s), memory, settings)
+            _limit_resources(cpu_seconds, memory, settings)
             if cgroup is not None:
                 cgroup.join()
 
-        self.proc = subprocess.Popen(
+        return subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=job_dir,
+            cwd=self.job_dir,
             env=env,
             pass_fds=tuple(keep),
             start_new_session=True,
             close_fds=True,
             preexec_fn=in_child,
         )
-        for fd in keep[1:]:
-            os.close(fd)
-        os.close(result_write)
-        assert self.proc.stdout is not None and self.proc.stderr is not None  # both are PIPEs
-        self.readers = [
-            _CappedReader(os.dup(self.proc.stdout.fileno()), settings.output_cap_bytes),
-            _CappedReader(os.dup(self.proc.stderr.fileno()), settings.output_cap_bytes),
-        ]
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        for reader in self.readers:
-            reader.start()
 
     def alive(self) -> bool:
         return not _exited(self.proc)
@@ -396,9 +402,7 @@ def run_command(
     what comes out, so there is no weaker fallback (SandboxUnavailable)."""
     if available_isolation(settings) != "bubblewrap":
         raise SandboxUnavailable("a trusted compile needs bubblewrap")
-    seccomp_read, seccomp_write = os.pipe()
-    os.write(seccomp_write, seccomp.filter_program())
-    os.close(seccomp_write)
+    seccomp_read = _seccomp_fd()
     try:
         prefix = worker_argv(settings, work_dir, None, [], gpu=False, seccomp_fd=seccomp_read)
         env = worker_environment({}, work_dir)
@@ -415,6 +419,13 @@ def run_command(
         )
     finally:
         os.close(seccomp_read)
+
+
+def serve_object_cache(settings: SandboxSettings) -> None:
+    """Keep the objects of unchanged sources from now on (kernelloop.tools.build.object_cache): the host compiles
+    builds' misses with `run_command`, so only where bubblewrap holds."""
+    if settings.object_cache and available_isolation(settings) == "bubblewrap":
+        object_cache.start(settings, run_command)
 
 
 def cpu_limit(timeout_s: float) -> float:
