@@ -18,10 +18,8 @@ from kernelloop.contract import NodeInfo
 from kernelloop.tools import api
 from kernelloop.tools.api import Progress
 from kernelloop.tools.build import header_cache
-from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.phase_registry import Phase
-from kernelloop.tools.problems import ProblemSpec
-from kernelloop.tools.results import Backend, PhaseResult
+from kernelloop.tools.jobs import Step
+from kernelloop.tools.results import PhaseResult
 from kernelloop.tools.sandbox.launch import serve_object_cache
 from kernelloop.tools.sandbox.worker_pool import WorkerPool
 from kernelloop.tools.settings import SandboxSettings
@@ -44,12 +42,10 @@ class Lane(BaseModel):
 
 
 class StepRequest(BaseModel):
+    """A job's current step as the scheduler hands it to an executor: the step, and the job it is a step of."""
+
     job_id: int
-    phase: Phase
-    problem: ProblemSpec
-    code: str
-    backend: Backend
-    options: EvalOptions
+    step: Step
 
 
 class Executor(Protocol):
@@ -59,7 +55,7 @@ class Executor(Protocol):
         """The lanes this executor offers; the scheduler runs one step at a time on each."""
         ...
 
-    def run(self, step: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+    def run(self, request: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
         """Run one step on `lane` and return its verdict; never raises for anything the code does, and
         raises `StepLost` when the host running it went away."""
         ...
@@ -111,12 +107,10 @@ class LocalExecutor:
         gpus = len(self._lanes) - cpus
         return [NodeInfo(id=socket.gethostname(), address="localhost", alive=True, cpus=cpus, gpus=gpus)]
 
-    def run(self, step: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+    def run(self, request: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
         visible = lane.gpu if lane.kind == "gpu" and lane.gpu is not None else ""
         settings = self.settings.model_copy(update={"worker_gpus": visible})
-        return api.run_phase(
-            step.phase, step.problem, step.code, step.backend, step.options, settings, on_progress, self.pool
-        )
+        return api.run_phase(request.step, settings, on_progress, self.pool)
 
     def close(self) -> None:
         self.pool.close()

@@ -59,22 +59,23 @@ class RayExecutor:
     def lanes(self) -> list[Lane]:
         return list(self._lanes)
 
-    def run(self, step: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+    def run(self, request: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+        job_id = request.job_id
         with self._lock:
-            shipped = [self._builds[step.job_id]] if step.job_id in self._builds else []
+            shipped = [self._builds[job_id]] if job_id in self._builds else []
         gpu = lane.kind == "gpu"
         task = self._task.options(
             num_cpus=0 if gpu else 1,
             num_gpus=1 if gpu else 0,
             max_retries=0,  # the scheduler decides what a lost step becomes, from the database
-            name=f"kernelloop-job-{step.job_id}-{step.phase}",
+            name=f"kernelloop-job-{job_id}-{request.step.phase}",
         )
         final: PhaseResult | None = None
         try:
-            stream = cast(ray.ObjectRefGenerator, task.remote(step, shipped))
+            stream = cast(ray.ObjectRefGenerator, task.remote(request.step, shipped))
             for reference in stream:
                 if final is not None:  # the build that follows the final report: kept where it lies
-                    self._keep_build(step.job_id, reference)
+                    self._keep_build(job_id, reference)
                     continue
                 report: NodeReport = ray.get(reference)
                 assert report.result is not None

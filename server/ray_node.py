@@ -1,10 +1,11 @@
 """What runs on a Ray node for one step: the same sandboxed phase as on the service's host, streamed back.
 
 The service hands each step to the cluster as a Ray task (`ray_executor`); the task runs `run_step_on_node`
-in a Ray worker process on whichever node Ray chose, which calls `api.run_phase` with that node's own sandbox
-settings, build cache and spare workers. It yields `NodeReport`s: the verdict-so-far each time the worker
-reports, the final verdict, and after a build the build itself, so a later step that lands on another node
-finds it there (`build_cache.adopt`) instead of building again.
+in a Ray worker process on whichever node Ray chose, which calls `api.run_phase` on the step (the `Step` the
+scheduler took from the queue) with that node's own sandbox settings, build cache and spare workers. It yields
+`NodeReport`s: the verdict-so-far each time the worker reports, the final verdict, and after a build the build
+itself, so a later step that lands on another node finds it there (`build_cache.adopt`) instead of building
+again.
 
 Nothing here trusts the submission more than the local executor does: the sandbox, its limits and the build
 cache's checks are the node's, exactly as on the service's host.
@@ -25,9 +26,10 @@ from typing import Literal
 import ray
 from pydantic import BaseModel
 
-from kernelloop.server.executor import StepRequest, start_host_helpers
+from kernelloop.server.executor import start_host_helpers
 from kernelloop.tools import api
 from kernelloop.tools.build import build_cache
+from kernelloop.tools.jobs import Step
 from kernelloop.tools.phase_registry import PHASES
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import PhaseResultAny, Status
@@ -95,7 +97,7 @@ def node_problem(spec: ProblemSpec, settings: SandboxSettings) -> ProblemSpec:
     return spec.model_copy(update={"path": str(path)})
 
 
-def run_step_on_node(step: StepRequest, shipped: list[ray.ObjectRef[NodeReport]]) -> Iterator[NodeReport]:
+def run_step_on_node(step: Step, shipped: list[ray.ObjectRef[NodeReport]]) -> Iterator[NodeReport]:
     """Run the step here and stream its reports. The sandbox's worker sees the GPU Ray gave this task, none
     on a CPU lane. `shipped`: the job's build from another node, as a one-item list holding its Ray reference
     (a list, so that Ray does not fetch it before the task starts: it is read only when this node lacks it)."""
@@ -110,11 +112,7 @@ def run_step_on_node(step: StepRequest, shipped: list[ray.ObjectRef[NodeReport]]
             if shipped and not build_cache.is_published(settings.cache_dir, key):
                 _adopt(settings, key, shipped[0])
             result = api.run_phase(
-                step.phase,
-                node_problem(step.problem, settings),
-                step.code,
-                step.backend,
-                step.options,
+                step.model_copy(update={"problem": node_problem(step.problem, settings)}),
                 settings,
                 lambda partial: reports.put(NodeReport(kind="progress", result=partial, node=node)),
                 node_pool(bool(gpus)),

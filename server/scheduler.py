@@ -139,14 +139,14 @@ class Scheduler:
             self._cancelled.discard(job_id)
             self.hub.notify(job_id)
 
-    def _end_if_cancelled(self, job_id: int, status: str) -> None:
+    def _end_if_cancelled(self, job_id: int, status: JobStatus) -> None:
         """After a step of a cancelled job: end it unless it ended anyway. When another lane claimed its next
         step first, that lane ends it after the step (the job stays marked)."""
         with self._wakeup:
             if job_id not in self._cancelled:
                 return
         note = "cancelled: the steps after the one that was running did not run"
-        if status != JobStatus.queued.value or queue.cancel_queued(self.engine, job_id, note):
+        if status != JobStatus.queued or queue.cancel_queued(self.engine, job_id, note):
             with self._wakeup:
                 self._cancelled.discard(job_id)
 
@@ -155,20 +155,12 @@ class Scheduler:
         self.hub.notify(job_id)
         try:
             with Session(self.engine) as session:
-                context = queue.step_context(session, job_id)
-            step = StepRequest(
-                job_id=job_id,
-                phase=context.step,
-                problem=context.problem,
-                code=context.code,
-                backend=context.backend,
-                options=context.options,
-            )
+                request = StepRequest(job_id=job_id, step=queue.current_step(session, job_id))
             started = utcnow()
-            result = self.redact(self.executor.run(step, lane, lambda partial: self._progress(job_id, partial)))
+            result = self.redact(self.executor.run(request, lane, lambda partial: self._progress(job_id, partial)))
             job = queue.finish_step(self.engine, job_id, result, started_at=started, finished_at=utcnow())
             self._end_if_cancelled(job_id, job.status)
-            if job.status == JobStatus.queued.value:
+            if job.status == JobStatus.queued:
                 self.wake()
         except Exception as exc:
             self._step_failed(lane, job_id, exc)

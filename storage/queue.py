@@ -10,7 +10,6 @@ Every change is also a row in `job_events`, which the SSE stream replays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Engine, func, update
@@ -21,7 +20,7 @@ from kernelloop.storage.coverage import counted
 from kernelloop.storage.history import parse_result, record_evaluation
 from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, JobEvent, Problem, row_id, utcnow
 from kernelloop.storage.problems import spec_of
-from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.jobs import EvalOptions, Step
 from kernelloop.tools.phase_registry import PHASES, JobPhase, Phase, steps_of
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import (
@@ -108,21 +107,8 @@ def _oldest_queued(session: Session, needs: LaneKind) -> int | None:
     ).first()
 
 
-@dataclass
-class StepContext:
-    """Everything a lane needs to run a job's current step."""
-
-    job_id: int
-    attempt_id: int
-    step: Phase
-    problem: ProblemSpec
-    code: str
-    backend: Backend
-    options: EvalOptions
-    created_at: datetime
-
-
-def step_context(session: Session, job_id: int) -> StepContext:
+def current_step(session: Session, job_id: int) -> Step:
+    """Everything a lane needs to run a job's current step: the step itself, as its worker will get it."""
     job = session.get(Job, job_id)
     assert job is not None
     attempt = session.get(Attempt, job.attempt_id)
@@ -130,15 +116,12 @@ def step_context(session: Session, job_id: int) -> StepContext:
     problem = session.get(Problem, attempt.problem_id)
     code = session.get(CodeBlob, attempt.code_sha256)
     assert problem is not None and code is not None
-    return StepContext(
-        job_id=job_id,
-        attempt_id=row_id(attempt),
-        step=job.steps[job.step_index],
+    return Step(
+        phase=job.steps[job.step_index],
         problem=ProblemSpec.model_validate(problem.spec),
         code=code.text,
         backend=attempt.backend,
         options=EvalOptions.model_validate(job.options),
-        created_at=job.created_at,
     )
 
 

@@ -1,8 +1,9 @@
 """The three tools as Python functions: compile_kernel, run_tests and benchmark.
 
-Each builds a job, runs it in a fresh sandboxed worker, and returns the worker's verdict. When the
-worker dies or hangs, the verdict is made here from the last result it sent and how it ended, so the
-caller always gets a result object and never an exception for anything the submission did.
+Each builds a `Step`, runs it in a fresh sandboxed worker (`run_phase`, which the service's executors call too),
+and returns the worker's verdict. When the worker dies or hangs, the verdict is made here from the last result it
+sent and how it ended, so the caller always gets a result object and never an exception for anything the
+submission did.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import cast
 
 from kernelloop.tools.build import build_cache, object_cache, toolchain, verdict_cache
-from kernelloop.tools.jobs import EvalOptions, WorkerJob, WorkerReply
+from kernelloop.tools.jobs import EvalOptions, Step, WorkerJob, WorkerReply
 from kernelloop.tools.phase_registry import PHASES, Phase
 from kernelloop.tools.problems import ProblemSpec, load_problem, memory_problem
 from kernelloop.tools.results import (
@@ -26,7 +27,7 @@ from kernelloop.tools.results import (
     TestResult,
     compile_part,
 )
-from kernelloop.tools.sandbox.worker_call import JobFolder, call_worker
+from kernelloop.tools.sandbox.worker_call import JobFolder, WorkerCall, call_worker
 from kernelloop.tools.sandbox.worker_pool import WorkerPool
 from kernelloop.tools.settings import SandboxSettings, get_sandbox_settings
 
@@ -49,7 +50,8 @@ def compile_kernel(
     on_progress: Progress | None = None,
 ) -> CompileResult:
     """Build and import the submission and instantiate ModelNew for every shape of the problem."""
-    return cast(CompileResult, run_phase("compile", problem, code, backend, options, settings, on_progress))
+    step = make_step("compile", problem, code, backend, options)
+    return cast(CompileResult, run_phase(step, settings, on_progress))
 
 
 def run_tests(
@@ -61,7 +63,7 @@ def run_tests(
     on_progress: Progress | None = None,
 ) -> TestResult:
     """Compile, then compare ModelNew with the float64 truth on every correctness shape and several seeds."""
-    return cast(TestResult, run_phase("test", problem, code, backend, options, settings, on_progress))
+    return cast(TestResult, run_phase(make_step("test", problem, code, backend, options), settings, on_progress))
 
 
 def benchmark(
@@ -73,7 +75,26 @@ def benchmark(
     on_progress: Progress | None = None,
 ) -> BenchmarkResult:
     """Compile, then time ModelNew against the reference on every benchmark shape."""
-    return cast(BenchmarkResult, run_phase("benchmark", problem, code, backend, options, settings, on_progress))
+    step = make_step("benchmark", problem, code, backend, options)
+    return cast(BenchmarkResult, run_phase(step, settings, on_progress))
+
+
+def make_step(
+    phase: Phase,
+    problem: ProblemSpec | str,
+    code: str,
+    backend: Backend | None = None,
+    options: EvalOptions | None = None,
+) -> Step:
+    """A step from a tool call's arguments: the problem by name or as a spec, the backend by default this host's
+    (`default_backend`), the options by default `EvalOptions()`."""
+    return Step(
+        phase=phase,
+        problem=load_problem(problem) if isinstance(problem, str) else problem,
+        code=code,
+        backend=backend or default_backend(),
+        options=options or EvalOptions(),
+    )
 
 
 def build_key(code: str, backend: Backend, settings: SandboxSettings) -> str:
@@ -83,41 +104,48 @@ def build_key(code: str, backend: Backend, settings: SandboxSettings) -> str:
 
 
 def run_phase(
-    phase: Phase,
-    problem: ProblemSpec | str,
-    code: str,
-    backend: Backend | None = None,
-    options: EvalOptions | None = None,
+    step: Step,
     settings: SandboxSettings | None = None,
     on_progress: Progress | None = None,
     pool: WorkerPool | None = None,
 ) -> PhaseResult:
-    """Any phase of the registry by name: what the tools above and the service's executor call (with its
-    pool of workers started ahead)."""
+    """Run one step in a sandboxed worker: what the tools above and the service's executor call (with its pool
+    of workers started ahead)."""
     settings = settings or get_sandbox_settings()
-    options = options or EvalOptions()
-    spec = load_problem(problem) if isinstance(problem, str) else problem
-    backend = backend or default_backend()
     fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list, settings.cache_dir)
-    key = build_cache.cache_key(code, backend, fingerprint)
-    too_large = _too_large(spec, phase, backend, settings)
+    key = build_cache.cache_key(step.code, step.backend, fingerprint)
+    too_large = _too_large(step, settings)
     if too_large is not None:
         return too_large
-    if phase == "compile":
-        reused = verdict_cache.load(settings.cache_dir, key, spec)
+    if step.phase == "compile":
+        reused = verdict_cache.load(settings.cache_dir, key, step.problem)
         if reused is not None:
             return reused
-    read_only = [Path(spec.path).parent]  # a registered problem's folder (a shipped one is in the package)
+    call = _call(step, key, settings, on_progress, pool)
+    result = _verdict(step, call, settings)
+    compiled = compile_part(result)
+    if compiled is not None:
+        compiled.toolchain = fingerprint  # what the build cache keys on, from the host, never from the worker
+        log = "\n".join(part for part in (compiled.log, call.report.stdout, call.report.stderr) if part)
+        compiled.log_truncated = len(log.encode()) > settings.log_cap_bytes or call.report.output_truncated
+        compiled.log = log.encode()[-settings.log_cap_bytes :].decode(errors="replace")
+    if isinstance(result, CompileResult):
+        verdict_cache.keep(settings.cache_dir, key, step.problem, result)
+    return result
+
+
+def _call(
+    step: Step, key: str, settings: SandboxSettings, on_progress: Progress | None, pool: WorkerPool | None
+) -> WorkerCall[WorkerReply]:
+    """The step in a sandboxed worker, its build restored from the cache under `key` and published there
+    afterwards (when it was built here and fits the job's disk limit)."""
+    read_only = [Path(step.problem.path).parent]  # a registered problem's folder (a shipped one is in the package)
     restored: list[bool] = []
 
     def make_job(folder: JobFolder) -> WorkerJob:
         restored.append(cached and build_cache.restore(settings.cache_dir, key, folder.build))
         return WorkerJob(
-            phase=phase,
-            problem=spec,
-            code=code,
-            backend=backend,
-            options=options,
+            step=step,
             nonce=folder.nonce,
             result_fd=-1,
             submission_path=str(folder.path / "submission.py"),
@@ -125,7 +153,7 @@ def run_phase(
             cache_key=key,
             cache_hit=restored[0],
             sent_at=time.time(),
-            nice=settings.build_nice if phase == "compile" else 0,
+            nice=settings.build_nice if step.phase == "compile" else 0,
         )
 
     def on_reply(reply: WorkerReply) -> None:
@@ -138,22 +166,27 @@ def run_phase(
             build_cache.publish(settings.cache_dir, key, folder.build)
 
     with build_cache.claim(settings.cache_dir, key) as cached:
-        call = call_worker(
+        return call_worker(
             WORKER_MODULE,
             make_job,
             WorkerReply,
             settings=settings,
             read_only=read_only,
-            timeout_s=options.timeout_s or getattr(settings, PHASES[phase].timeout_setting),
+            timeout_s=step.options.timeout_s or getattr(settings, PHASES[step.phase].timeout_setting),
             on_reply=on_reply,
             on_finish=on_finish,
-            folder_prefix=phase,
+            folder_prefix=step.phase,
             pool=pool,
         )
+
+
+def _verdict(step: Step, call: WorkerCall[WorkerReply], settings: SandboxSettings) -> PhaseResult:
+    """The worker's final result, or one made here from its last result-so-far and how it ended; then what the
+    sandbox saw overrules it (a job it had to stop, a folder over the disk limit)."""
     report = call.report
     final = [r.result for r in call.replies if r.final]
     partial = [r.result for r in call.replies if not r.final]
-    result = final[-1] if final else _verdict_without_reply(phase, spec.name, backend, partial, report)
+    result = final[-1] if final else _verdict_without_reply(step, partial, report)
     if call.malformed and not final:
         result.status = Status.sandbox_error
         result.message = f"the worker's reply could not be read: {call.malformed[-1]}"
@@ -167,46 +200,39 @@ def run_phase(
             f"{settings.max_job_disk_bytes / 2**30:.1f} GiB (KERNELLOOP_MAX_JOB_DISK_BYTES)"
         )
     result.sandbox = report
-    compiled = compile_part(result)
-    if compiled is not None:
-        compiled.toolchain = fingerprint  # what the build cache keys on, from the host, never from the worker
-        log = "\n".join(part for part in (compiled.log, report.stdout, report.stderr) if part)
-        compiled.log_truncated = len(log.encode()) > settings.log_cap_bytes or report.output_truncated
-        compiled.log = log.encode()[-settings.log_cap_bytes :].decode(errors="replace")
-    if isinstance(result, CompileResult):
-        verdict_cache.keep(settings.cache_dir, key, spec, result)
     return result
 
 
-def _too_large(spec: ProblemSpec, phase: Phase, backend: Backend, settings: SandboxSettings) -> PhaseResult | None:
+def _too_large(step: Step, settings: SandboxSettings) -> PhaseResult | None:
     """A test or benchmark whose check would not fit in memory is refused before a worker starts (a harness
     failure, never the kernel's: the message says which shape and what to change)."""
+    phase, backend = step.phase, step.backend
     if phase == "compile":
         return None
     limit = settings.max_check_bytes or (settings.max_memory_bytes if backend == "cpu" else None)
     if limit is None:
         return None
     where = "KERNELLOOP_MAX_CHECK_BYTES" if settings.max_check_bytes else "a worker (KERNELLOOP_MAX_MEMORY_BYTES)"
-    problem = memory_problem(spec, backend, limit, where)
+    problem = memory_problem(step.problem, backend, limit, where)
     if problem is None:
         return None
     return PHASES[phase].result_type(
         kind=phase,
         status=Status.sandbox_error,
-        problem=spec.name,
+        problem=step.problem.name,
         backend=backend,
         message=f"{problem}: give the problem a smaller shape (the kernel was not run)",
     )
 
 
-def _verdict_without_reply(
-    phase: Phase, problem: str, backend: Backend, partial: Sequence[PhaseResult], report: SandboxReport
-) -> PhaseResult:
+def _verdict_without_reply(step: Step, partial: Sequence[PhaseResult], report: SandboxReport) -> PhaseResult:
     """The worker ended without a final result: a timeout, a crash or an exit from submitted code."""
     result = (
         partial[-1]
         if partial
-        else PHASES[phase].result_type(kind=phase, status=Status.runtime_error, problem=problem, backend=backend)
+        else PHASES[step.phase].result_type(
+            kind=step.phase, status=Status.runtime_error, problem=step.problem.name, backend=step.backend
+        )
     )
     where = _last_step(result)
     if report.timed_out:

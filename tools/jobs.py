@@ -1,7 +1,8 @@
 """What crosses the boundary between the caller and a sandboxed worker (worker IPC).
 
-The caller writes one `WorkerJob` as JSON to the worker's stdin; the worker answers with one
-`WorkerReply` on a private pipe, tagged with the job's nonce. The candidate's stdout is never parsed.
+The caller writes one `WorkerJob` (a `Step` and how to answer it) as JSON to the worker's stdin; the worker
+answers with one `WorkerReply` on a private pipe, tagged with the job's nonce. The candidate's stdout is never
+parsed.
 """
 
 from __future__ import annotations
@@ -57,12 +58,22 @@ class EvalOptions(BaseModel):
         return self
 
 
-class WorkerJob(BaseModel):
+class Step(BaseModel):
+    """One phase of one submission: what a tool call or the service's queue asks for, handed unchanged through
+    the scheduler and the executor (a Ray task's argument on a cluster) to the worker that runs it."""
+
     phase: Phase
     problem: ProblemSpec
     code: str
     backend: Backend
-    options: EvalOptions
+    options: EvalOptions = Field(default_factory=EvalOptions)
+
+
+class WorkerJob(BaseModel):
+    """A step as its worker gets it: the step, and what the caller set up for it (the nonce its replies carry,
+    the job folder's paths, the build cache entry)."""
+
+    step: Step
     nonce: str
     result_fd: int
     submission_path: str = Field(description="where the worker writes the submitted code before importing it")

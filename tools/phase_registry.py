@@ -2,7 +2,8 @@
 
 Everything else that names a phase (the worker's dispatch, the tool functions, the service's routes and
 queue, the tool schemas an agent reads, the command line) is derived from `PHASES` and `TOOLS`, so adding
-a phase means a row here and its worker function in `kernelloop.tools.judge.phases`.
+a phase means a row here and its runner in the judge's `PHASE_RUNNERS` (`kernelloop.tools.judge.phases`, which
+imports torch: this module, imported by the service, does not).
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ class PhaseSpec:
     result_type: type[PhaseResult]
     timeout_setting: str
     """the SandboxSettings field holding its worker's wall-clock limit"""
-    worker: str
-    """the function of kernelloop.tools.judge.phases the worker calls (imported there, after the job is read)"""
     shape_kinds: tuple[ShapeKind, ...]
     """the kinds of shape it needs at least one of, each"""
     needs_gpu: bool
@@ -62,7 +61,6 @@ PHASES: dict[Phase, PhaseSpec] = {
             command="compile",
             result_type=CompileResult,
             timeout_setting="compile_timeout_s",
-            worker="compile_only_phase",
             shape_kinds=(),
             needs_gpu=False,
             summary="Build and import the kernel, and instantiate ModelNew for every shape.",
@@ -76,7 +74,6 @@ PHASES: dict[Phase, PhaseSpec] = {
             command="test",
             result_type=TestResult,
             timeout_setting="test_timeout_s",
-            worker="test_phase",
             shape_kinds=("correctness",),
             needs_gpu=True,
             summary="Compile, then check ModelNew against the float64 truth on every correctness shape.",
@@ -91,7 +88,6 @@ PHASES: dict[Phase, PhaseSpec] = {
             command="bench",
             result_type=BenchmarkResult,
             timeout_setting="benchmark_timeout_s",
-            worker="benchmark_phase",
             shape_kinds=("benchmark",),
             needs_gpu=True,
             summary="Compile, then time ModelNew against the reference on every benchmark shape.",

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from kernelloop.cli.live_line import LiveLine
-from kernelloop.tools.api import benchmark, default_backend, run_phase, run_tests
+from kernelloop.tools.api import benchmark, default_backend, make_step, run_phase, run_tests
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import PHASES
 from kernelloop.tools.problems import (
@@ -132,7 +132,8 @@ def _run_tool(args: argparse.Namespace) -> int:
     )
     backend = args.backend or default_backend()
     with LiveLine(args.phase, sys.stderr) as live:
-        result = run_phase(args.phase, problem, path.read_text(), backend, options, on_progress=live.update)
+        step = make_step(args.phase, problem, path.read_text(), backend, options)
+        result = run_phase(step, on_progress=live.update)
     print(result.model_dump_json(indent=2) if args.json else format_result(result))
     return 0 if result.status == Status.passed else 1
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernelloop.tools.judge import phases
+from kernelloop.tools.judge import session
 
 GiB = 1 << 30
 
@@ -15,16 +15,16 @@ GiB = 1 << 30
 def test_a_large_check_empties_the_cache_only_when_the_device_is_short_of_room(monkeypatch: pytest.MonkeyPatch):
     emptied: list[torch.device] = []
     free = {"bytes": 100 * GiB}
-    monkeypatch.setattr(phases, "_free_device_memory", emptied.append)
+    monkeypatch.setattr(session, "free_device_memory", emptied.append)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 141 * GiB))
     gpu = torch.device("cuda", 0)
 
-    phases._make_room(gpu, 24 * GiB)  # the largest causal conv1d check, with 100 GiB free
+    session.make_room(gpu, 24 * GiB)  # the largest causal conv1d check, with 100 GiB free
     assert emptied == []
     free["bytes"] = 30 * GiB  # the cache of earlier checks holds most of the device
-    phases._make_room(gpu, 24 * GiB)
+    session.make_room(gpu, 24 * GiB)
     assert emptied == [gpu]
-    phases._make_room(gpu, 2 * GiB)  # a small check reuses the cached blocks: never emptied for it
-    phases._make_room(torch.device("cpu"), 24 * GiB)
-    phases._make_room(gpu, None)  # a shape whose size is not known ahead
+    session.make_room(gpu, 2 * GiB)  # a small check reuses the cached blocks: never emptied for it
+    session.make_room(torch.device("cpu"), 24 * GiB)
+    session.make_room(gpu, None)  # a shape whose size is not known ahead
     assert emptied == [gpu]

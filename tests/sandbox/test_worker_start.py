@@ -78,16 +78,16 @@ def _sandbox_processes(jobs_dir: Path) -> list[str]:
 
 def test_a_job_takes_the_worker_started_ahead_and_the_pool_ends_its_spares(workspace, relu_problem) -> None:
     pool = WorkerPool(max_spares=2)
-    options = EvalOptions(seeds=1)
+    step = api.make_step("test", relu_problem, RELU_CANDIDATE, "cpu", EvalOptions(seeds=1))
     try:
-        first = api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        first = api.run_phase(step, workspace.settings, pool=pool)
         assert first.status == Status.passed, first.message
         assert first.sandbox is not None and not first.sandbox.prestarted  # nothing was started before it
         deadline = time.monotonic() + 60
         while len(pool) == 0 and time.monotonic() < deadline:  # the spare starts in the background
             time.sleep(0.1)
         time.sleep(3)  # and imports torch in both of its processes
-        second = api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        second = api.run_phase(step, workspace.settings, pool=pool)
     finally:
         pool.close()
     assert second.status == Status.passed, second.message
@@ -106,18 +106,15 @@ def test_two_jobs_back_to_back_both_start_warm(workspace, relu_problem) -> None:
     """A kind keeps two spares: the second of two jobs run one after the other takes the spare started a job
     earlier (ready), not the one its predecessor's start began (still importing torch)."""
     pool = WorkerPool(max_spares=4)
-    options = EvalOptions(seeds=1)
+    step = api.make_step("test", relu_problem, RELU_CANDIDATE, "cpu", EvalOptions(seeds=1))
     try:
-        api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        api.run_phase(step, workspace.settings, pool=pool)
         deadline = time.monotonic() + 60
         while len(pool) < 2 and time.monotonic() < deadline:  # both spares start in the background
             time.sleep(0.1)
         assert len(pool) == 2
         time.sleep(4)  # and import torch in both of their processes
-        results = [
-            api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
-            for _ in range(2)
-        ]
+        results = [api.run_phase(step, workspace.settings, pool=pool) for _ in range(2)]
     finally:
         pool.close()
     for result in results:
@@ -136,13 +133,13 @@ def test_a_spare_serves_only_jobs_of_its_kind(workspace, relu_problem, tmp_path:
     other_path.write_text(scaled_relu_problem(scale=3.0))
     other = load_problem(str(other_path))
     pool = WorkerPool(max_spares=1)
-    options = EvalOptions(seeds=1)
+    step = api.make_step("test", relu_problem, RELU_CANDIDATE, "cpu", EvalOptions(seeds=1))
     try:
-        api.run_phase("test", relu_problem, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        api.run_phase(step, workspace.settings, pool=pool)
         deadline = time.monotonic() + 60
         while len(pool) == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
-        result = api.run_phase("test", other, RELU_CANDIDATE, "cpu", options, workspace.settings, pool=pool)
+        result = api.run_phase(step.model_copy(update={"problem": other}), workspace.settings, pool=pool)
     finally:
         pool.close()
     # the candidate doubles; this problem triples: the judge used the right problem, in a worker of its own

@@ -36,7 +36,7 @@ class ClusterStandIn:
     def lanes(self) -> list[Lane]:
         return [Lane(name="ray-cpu-0", kind="cpu")]
 
-    def run(self, step: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+    def run(self, request: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
         self.runs += 1
         self.started.set()
         self.release.wait(30)

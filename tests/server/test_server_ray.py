@@ -20,9 +20,8 @@ from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from server_fixtures import QUICK_EVAL, ServiceProcess, python_conv, shared_root, submission, wait_for
 
-from kernelloop.server.executor import StepRequest
 from kernelloop.server.ray_node import run_step_on_node
-from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.jobs import EvalOptions, Step
 from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import compile_part
 
@@ -117,7 +116,7 @@ def test_an_evaluation_runs_on_the_worker_node_and_is_recorded(service: ServiceP
     assert not (service.data_dir / "build-cache" / key[:2] / key).exists()
 
 
-def _run_on(node_id: str, step: StepRequest, shipped: list) -> list:  # type: ignore[type-arg]
+def _run_on(node_id: str, step: Step, shipped: list) -> list:  # type: ignore[type-arg]
     """The node's side of a step, run on the given node: the references of its reports, in order."""
     task = ray.remote(run_step_on_node).options(
         num_cpus=1, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
@@ -131,8 +130,7 @@ def test_a_build_is_shipped_to_the_node_that_runs_the_next_step(cluster: RayClus
     other_data = cluster.node_data.with_name("ray-other-node-data")
     env = {"KERNELLOOP_DATA_DIR": str(other_data), "KERNELLOOP_BUILD_CACHE_DIR": str(other_data / "build-cache")}
     other = cluster.cluster.add_node(num_cpus=1, resources={"other": 1}, env_vars=env)
-    compile_step = StepRequest(
-        job_id=1,
+    compile_step = Step(
         phase="compile",
         problem=load_problem("causal_conv1d"),
         code=python_conv(f"# shipped {time.time()}"),

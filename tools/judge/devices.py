@@ -29,7 +29,7 @@ def _measured_copy_bandwidth() -> float:
         dst.copy_(src)
     end.record()
     end.synchronize()
-    seconds = start.elapsed_time(end) / 1e3 / 5
+    seconds: float = start.elapsed_time(end) / 1e3 / 5
     return 2 * src.numel() * 4 / seconds * 1.25
 
 

@@ -46,7 +46,7 @@ class Clock:
     def __init__(self, device: torch.device):
         self.device = device
         self.flush_buffer: torch.Tensor | None = None
-        self.reset_l2 = lambda: None
+        self.reset_l2: Callable[[], None] = lambda: None
         if device.type == "cuda":
             l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20)
             self.flush_buffer = torch.empty(max(2 * l2_bytes, 256 << 20) // 4, dtype=torch.float32, device=device)
@@ -123,4 +123,4 @@ def _relative_standard_error(samples_ms: list[float]) -> float:
     mean = statistics.fmean(samples_ms)
     if mean <= 0 or len(samples_ms) < 2:
         return float("inf")
-    return statistics.stdev(samples_ms) / len(samples_ms) ** 0.5 / mean
+    return float(statistics.stdev(samples_ms) / len(samples_ms) ** 0.5 / mean)

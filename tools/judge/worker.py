@@ -17,7 +17,6 @@ import traceback
 
 from kernelloop.tools.jobs import WorkerJob, WorkerReply
 from kernelloop.tools.judge.runner_link import RunnerLink, make_undumpable
-from kernelloop.tools.phase_registry import PHASES
 
 
 def main() -> None:
@@ -25,7 +24,7 @@ def main() -> None:
     make_undumpable()
     os.set_inheritable(result_fd, False)
     link = RunnerLink()
-    from kernelloop.tools.judge import phases
+    from kernelloop.tools.judge.phases import PHASE_RUNNERS
 
     job = WorkerJob.model_validate_json(sys.stdin.buffer.read())
     sys.stdin.close()
@@ -40,7 +39,7 @@ def main() -> None:
         channel.flush()
 
     try:
-        result = getattr(phases, PHASES[job.phase].worker)(job, link, send)
+        result = PHASE_RUNNERS[job.step.phase](job, link, send)
     except BaseException:  # the judge itself failed: say so rather than vanish
         traceback.print_exc()
         sys.stderr.flush()

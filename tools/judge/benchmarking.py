@@ -1,0 +1,355 @@
+"""The benchmark phase: the candidate timed against the judge's own reference, shape by shape.
+
+The judge times what it trusts (the reference, torch.compile of it) itself; the candidate is timed by its
+runner, and that time is believed only within the judge's own wall clock around each call (the envelope, less
+its fixed cost, calibrated on the reference in the runner before any candidate code was imported). Every timed
+output is checked against the reference's on the same input, and every input against the judge's original.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import secrets
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kernelloop.tools.datasheet import DevicePeaks
+from kernelloop.tools.jobs import WorkerJob
+from kernelloop.tools.judge import checking, devices, timing
+from kernelloop.tools.judge.compiling import load, start
+from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
+from kernelloop.tools.judge.session import (
+    Fail,
+    Report,
+    Session,
+    answered,
+    as_failure,
+    draw_inputs,
+    forbidden_message,
+    free_device_memory,
+    harness_failure,
+    mutated,
+    poison,
+    prepare,
+    reference_model,
+    selected,
+    set_precision_policy,
+    share,
+    stopwatch,
+    synchronize,
+)
+from kernelloop.tools.problems import ShapeSpec
+from kernelloop.tools.results import BenchmarkResult, CompileResult, ShapeBenchmark, Status, Timing, TolerancePolicy
+from kernelloop.tools.runner import candidate
+from kernelloop.tools.runner.messages import Call, Called
+
+CALIBRATION_CALLS = 12
+# How much shorter than the judge's envelope (less its calibrated overhead) a runner's reported median may be
+# before the timing is `suspicious`. Honest kernels on the H200 left -0.11 to 0.30 ms a call unaccounted for (the
+# judge's GPU work between the candidate's calls, which the calibration on the reference sees only in part), so
+# the GPU margin is coarse: it catches lies of more than 0.6 ms or 5% a call, not subtler ones. On the 2-core CPU
+# host the fixed cost itself (mostly the copy of the output into the judge's slot) was calibrated at 1.0 to 3.8 ms
+# in runs of the same honest 13-24 ms kernel, leaving -0.7 to 1.9 ms unaccounted (up to 14%): the CPU margin is 25%.
+# A short honest call there (an argmax of 0.49 ms) once left 0.28 ms unaccounted, the scheduler's noise on two
+# shared cores: the CPU floor is 1 ms.
+ENVELOPE_MARGIN_MS = {"cuda": 0.6, "cpu": 1.0}
+ENVELOPE_MARGIN_REL = {"cuda": 0.05, "cpu": 0.25}
+
+
+def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> BenchmarkResult:
+    compiled, session = start(job, link, report)
+    result = _blank_benchmark(job, compiled)
+    if session is None:
+        return result
+    set_precision_policy(session.policy)
+    result.call_overhead_ms = session.launch_overhead_ms if session.device.type == "cuda" else None
+    step = job.step
+    shapes = selected(step.problem.benchmark_shapes(step.backend), step.options.shapes)
+    try:
+        with stopwatch(result, "calibrate"):  # before the candidate's import
+            overheads = {shape.name: _calibrate(session, shape) for shape in shapes}
+    except (Fail, RunnerFailed) as exc:
+        result.status, result.message = Status.sandbox_error, f"calibrating the envelope failed: {exc}"
+        return result
+    compiled.step_seconds = result.step_seconds
+    compiled = result.compile = load(session, compiled)
+    result.status, result.message, result.device = compiled.status, compiled.message, compiled.device
+    if compiled.status != Status.passed:
+        return result
+    report(result)
+    peaks = devices.gpu_peaks(compiled.device) if session.device.type == "cuda" else None
+    clock = timing.Clock(session.device)
+    for shape in shapes:
+        timed = functools.partial(_benchmark_one, session, clock, shape, overheads[shape.name], peaks, result)
+        entry = _failure_as_entry(session, shape, timed)
+        result.shapes.append(entry)
+        report(result)
+        if entry.status != Status.passed:
+            result.status, result.message = entry.status, f"shape {shape.name}: {entry.message}"
+            return result
+    speedups = [s.speedup for s in result.shapes if s.speedup]
+    result.geomean_speedup = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
+    result.status = Status.passed
+    result.message = (
+        f"geometric mean speedup {result.geomean_speedup:.3f}x over {len(speedups)} shapes" if speedups else ""
+    )
+    return result
+
+
+def _blank_benchmark(job: WorkerJob, compiled: CompileResult) -> BenchmarkResult:
+    return BenchmarkResult(
+        status=compiled.status,
+        message=compiled.message,
+        problem=job.step.problem.name,
+        backend=job.step.backend,
+        device=compiled.device,
+        compile=compiled,
+        step_seconds=compiled.step_seconds,
+        timing_method=(
+            "cuda events, L2 flush and persisting-L2 reset, interleaved, median; the candidate in its own "
+            "process bracketed by device-wide syncs, every output checked, its time checked against the "
+            "judge's envelope"
+            if job.step.backend == "cuda"
+            else "perf_counter per call, interleaved, median; the candidate in its own process, every output "
+            "checked, its time checked against the judge's envelope"
+        ),
+    )
+
+
+def _failure_as_entry(session: Session, shape: ShapeSpec, timed: Callable[[], ShapeBenchmark]) -> ShapeBenchmark:
+    """One shape's entry (`timed()`), its failure (the candidate's, or the judge's own) as its verdict."""
+    try:
+        return timed()
+    except (Fail, RunnerFailed) as exc:
+        failure = as_failure(exc, "in a timed forward")
+        return ShapeBenchmark(shape=shape.name, status=failure.status, message=failure.message)
+    except Exception as exc:  # raised in the judge's own process (the candidate runs in the runner's)
+        free_device_memory(session.device)
+        message = harness_failure(f"the judge failed timing shape {shape.name}", exc)
+        return ShapeBenchmark(shape=shape.name, status=Status.sandbox_error, message=message)
+
+
+def _timed_output_off(got: torch.Tensor, want: torch.Tensor, policy: TolerancePolicy) -> str | None:
+    """How far a timed output is from the reference's, when further than twice the policy's tolerance (as the
+    policy measures it: allclose for kernelbench, relative to max|reference| for ours); None when within."""
+    if policy.atol is not None and policy.rtol is not None and not checking.is_exact(want):
+        if torch.allclose(got, want, atol=2 * policy.atol, rtol=2 * policy.rtol):
+            return None
+        error = (got.double() - want.double()).abs().max().item()
+        return f"{error:.3g} at most, outside torch.allclose(atol={2 * policy.atol:g}, rtol={2 * policy.rtol:g})"
+    error = checking.max_relative_difference(got, want)
+    if error <= 2 * policy.max_rel_error:
+        return None
+    return f"{error:.3g} x max|reference| (tolerance {2 * policy.max_rel_error:g})"
+
+
+def _shape_inputs(
+    session: Session, shape: ShapeSpec, seed: int
+) -> tuple[torch.nn.Module, list[list[Any]], list[torch.Tensor]]:
+    """The judge's reference for a shape, two input sets, and the reference's output on the first."""
+    try:
+        torch.manual_seed(seed)
+        reference = reference_model(session, shape)
+        input_sets = [draw_inputs(session, shape, seed + i) for i in range(2)]
+        with torch.no_grad():
+            outputs = checking.flatten_outputs(reference(*input_sets[0])) or []
+    except Exception as exc:
+        raise Fail(Status.sandbox_error, harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
+    if not outputs:
+        raise Fail(Status.sandbox_error, f"the reference's forward for shape {shape.name} returned no tensor")
+    return reference, input_sets, outputs
+
+
+def _calibrate(session: Session, shape: ShapeSpec) -> float:
+    """The envelope's fixed cost for this shape: the judge's wall time around a timed call, less the time
+    the runner reports, measured on the reference in the runner before any candidate code was imported."""
+    clock = timing.Clock(session.device)
+    seed = secrets.randbelow(2**31)
+    reference, input_sets, outputs = _shape_inputs(session, shape, seed)
+    shared = share(session.device, reference, input_sets, outputs, n_slots=len(input_sets))
+    prepare(session, "reference", shape, seed, shared)
+    gaps = []
+    for i in range(CALIBRATION_CALLS):
+        clock.clear()
+        called = session.link.ask(Call(input_set=i % 2, slot=i % 2, timed=True), Called, 120)
+        if called.error or called.elapsed_ms is None:
+            raise Fail(Status.sandbox_error, f"the reference failed in the runner: {called.error}")
+        gaps.append(session.link.last_envelope_ms - called.elapsed_ms)
+    return statistics.median(gaps[2:])
+
+
+@dataclass
+class _Tally:
+    """The candidate's reported times and the judge's envelopes, call by call."""
+
+    reported: list[float] = field(default_factory=list)
+    envelope: list[float] = field(default_factory=list)
+    checked: int = 0
+
+
+class _ShapeTiming:
+    """The rounds of one shape's timing and what they share: the judge's reference and its private input sets,
+    the buffers shared with the candidate, the generator that redraws the inputs before each round, the
+    reference's outputs the round's candidate outputs are checked against, and the tally of reported times and
+    envelopes. Setting it up shares the buffers and prepares the candidate in the runner."""
+
+    def __init__(self, session: Session, clock: timing.Clock, shape: ShapeSpec, overhead_ms: float):
+        self.session, self.clock, self.overhead_ms = session, clock, overhead_ms
+        seed = secrets.randbelow(2**31)
+        self.reference, self.private_sets, outputs = _shape_inputs(session, shape, seed)
+        n_sets = len(self.private_sets)
+        self.shared = share(session.device, self.reference, self.private_sets, outputs, n_slots=n_sets)
+        prepare(session, "candidate", shape, seed, self.shared)
+        self.trusted: dict[str, torch.nn.Module | Callable[..., Any]] = {"reference": self.reference}
+        if session.step.options.compare_torch_compile:
+            self.trusted["compiled_reference"] = torch.compile(self.reference)
+        self.generator = torch.Generator(device=session.device).manual_seed(seed)
+        self.expected: dict[int, list[torch.Tensor]] = {}
+        """the reference's outputs on each input set, from this round's trusted call"""
+        self.tally = _Tally()
+        self.reference_s = 1.0
+        """the reference's last time, which scales the candidate's call deadline"""
+
+    def measure(self) -> dict[str, list[float]]:
+        """Samples of every subject: the trusted ones, timed here, then the candidate, timed by its runner."""
+        subjects: dict[str, Callable[[int], float]] = {
+            name: functools.partial(self.time_trusted, name) for name in self.trusted
+        }
+        subjects["candidate"] = self.time_candidate
+        options = self.session.step.options
+        return timing.measure(
+            subjects,
+            before_round=self.redraw,
+            after_round=self.check_round,
+            n_sets=len(self.private_sets),
+            budget_s=options.time_budget_s,
+            min_samples=options.min_samples,
+            max_samples=options.max_samples,
+        )
+
+    def redraw(self, set_index: int) -> None:
+        """Fresh values in input set `set_index`, copied into the shared buffers, and its output slots poisoned."""
+        candidate.refresh_inputs(self.private_sets[set_index], self.generator)
+        for view, x in zip(self.shared.input_views[set_index], self.private_sets[set_index]):
+            if view is not None:
+                view.copy_(x)
+        poison(self.shared.slot_views[set_index])
+        synchronize(self.session.device)
+
+    def time_trusted(self, name: str, set_index: int) -> float:
+        with torch.no_grad():
+            elapsed, out = self.clock.time(lambda: self.trusted[name](*self.private_sets[set_index]))
+        if name == "reference":
+            self.expected[set_index] = checking.flatten_outputs(out) or []
+            self.reference_s = elapsed / 1e3
+        return elapsed
+
+    def time_candidate(self, set_index: int) -> float:
+        self.clock.clear()
+        called = self.session.ask_call(Call(input_set=set_index, slot=set_index, timed=True), self.reference_s)
+        envelope_ms = self.session.link.last_envelope_ms
+        answered(called, "a timed forward")
+        if called.elapsed_ms is None or not math.isfinite(called.elapsed_ms) or called.elapsed_ms < 0:
+            raise Fail(Status.suspicious, f"the runner reported no usable time ({called.elapsed_ms})")
+        self.tally.reported.append(called.elapsed_ms)
+        self.tally.envelope.append(envelope_ms - self.overhead_ms)
+        return called.elapsed_ms
+
+    def check_round(self, set_index: int) -> None:
+        """The round's inputs as the judge drew them, and the candidate's outputs the reference's on them."""
+        tally = self.tally
+        changed = mutated(self.shared.input_views[set_index], self.private_sets[set_index])
+        if changed:
+            raise Fail(Status.input_mutated, f"timed call {tally.checked + 1}: {changed}")
+        for got, want in zip(self.shared.slot_views[set_index], self.expected[set_index]):
+            off = _timed_output_off(got, want, self.session.policy)
+            if off is not None:
+                raise Fail(
+                    Status.suspicious,
+                    f"timed call {tally.checked + 1} (input set {set_index}) is off by {off}: its output was not "
+                    "computed from that call's input within the call",
+                )
+        tally.checked += 1
+
+
+def _benchmark_one(
+    session: Session,
+    clock: timing.Clock,
+    shape: ShapeSpec,
+    overhead_ms: float,
+    peaks: DevicePeaks | None,
+    result: BenchmarkResult,
+) -> ShapeBenchmark:
+    timed = _ShapeTiming(session, clock, shape, overhead_ms)
+    with stopwatch(result, "timing"):
+        samples = timed.measure()
+    session.observe()
+    forbidden = session.forbidden()
+    if forbidden:
+        raise Fail(Status.forbidden_op, forbidden_message(forbidden))
+    stats = {name: timing.summarize(s) for name, s in samples.items()}
+    entry = _entry(shape, stats, timed.tally, overhead_ms)
+    cand = stats["candidate"]
+    entry.memory_floor_ms, entry.floor_ms = devices.floors(peaks, shape.flops, shape.bytes, session.policy.allow_tf32)
+    if entry.floor_ms and cand.median_ms > 0:
+        entry.fraction_of_floor = entry.floor_ms / cand.median_ms
+    _check_envelope(entry, session.step.backend, shape, timed.tally, overhead_ms, peaks)
+    return entry
+
+
+def _entry(shape: ShapeSpec, stats: dict[str, Timing], tally: _Tally, overhead_ms: float) -> ShapeBenchmark:
+    """A shape's times, speedups and rates, as measured."""
+    cand, ref = stats["candidate"], stats["reference"]
+    entry = ShapeBenchmark(
+        shape=shape.name,
+        status=Status.passed,
+        candidate=cand,
+        reference=ref,
+        compiled_reference=stats.get("compiled_reference"),
+        speedup=ref.median_ms / cand.median_ms if cand.median_ms > 0 else None,
+        outputs_checked=tally.checked,
+        envelope=timing.summarize(tally.envelope),
+        envelope_overhead_ms=overhead_ms,
+    )
+    if entry.compiled_reference and cand.median_ms > 0:
+        entry.speedup_vs_compiled = entry.compiled_reference.median_ms / cand.median_ms
+    seconds = cand.median_ms / 1e3
+    if seconds > 0:
+        entry.tflops = shape.flops / seconds / 1e12 if shape.flops else None
+        entry.gbps = shape.bytes / seconds / 1e9 if shape.bytes else None
+    return entry
+
+
+def _check_envelope(
+    entry: ShapeBenchmark,
+    backend: str,
+    shape: ShapeSpec,
+    tally: _Tally,
+    overhead_ms: float,
+    peaks: DevicePeaks | None,
+) -> None:
+    """A reported median the judge's own clock does not account for, or one under the memory floor, is
+    `suspicious`, never a speedup."""
+    assert entry.candidate is not None
+    cand = entry.candidate
+    unaccounted = statistics.median(e - r for e, r in zip(tally.envelope, tally.reported))
+    entry.unaccounted_ms = unaccounted
+    margin = max(ENVELOPE_MARGIN_MS[backend], ENVELOPE_MARGIN_REL[backend] * cand.median_ms)
+    if unaccounted > margin:
+        entry.status = Status.suspicious
+        entry.message = (
+            f"the runner reported a median of {cand.median_ms:.4f} ms, but the judge's own clock around each call "
+            f"accounts for {statistics.median(tally.envelope):.4f} ms after the calibrated overhead "
+            f"({overhead_ms:.4f} ms): {unaccounted:.4f} ms a call unaccounted for (margin {margin:.4f} ms)"
+        )
+    elif entry.memory_floor_ms and cand.median_ms < entry.memory_floor_ms:
+        entry.status = Status.suspicious
+        entry.message = (
+            f"median {cand.median_ms:.4f} ms is under the memory floor {entry.memory_floor_ms:.4f} ms "
+            f"({shape.bytes} bytes at {peaks.bandwidth_bytes_s / 1e12 if peaks else 0:.2f} TB/s): not a real speedup"
+        )

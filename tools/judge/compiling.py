@@ -1,0 +1,93 @@
+"""The compile phase, and the start every phase begins with: the problem loaded in the judge and in the runner
+before any candidate code runs, then the submission built and imported in the runner (`load`).
+
+Failures are values: a runner that does not start, or a build that hangs or dies, ends as a status with a
+message, never as an exception out of the judge.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kernelloop.tools.jobs import WorkerJob
+from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
+from kernelloop.tools.judge.session import DTYPES, Report, Session, device_of, stopwatch
+from kernelloop.tools.problems import import_problem_module, job_dtype, verdict_policy
+from kernelloop.tools.results import CompileResult, Status
+from kernelloop.tools.runner.messages import Load, Loaded, Start, Started
+
+LOAD_IDLE_LIMIT_S = 25.0  # building and importing may take minutes, but not this long with no build running
+
+
+def compile_only_phase(job: WorkerJob, link: RunnerLink, report: Report) -> CompileResult:
+    result, session = start(job, link, report)
+    return result if session is None else load(session, result)
+
+
+def _blank_compile(job: WorkerJob) -> CompileResult:
+    return CompileResult(
+        status=Status.passed,
+        problem=job.step.problem.name,
+        backend=job.step.backend,
+        cache_key=job.cache_key,
+        cache_hit=job.cache_hit,
+    )
+
+
+def start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileResult, Session | None]:
+    """Load the problem here and in the runner, before any candidate code runs."""
+    result, step = _blank_compile(job), job.step
+    try:
+        problem_module = import_problem_module(Path(step.problem.path))
+        with stopwatch(result, "runner_start"):
+            request = Start(problem_path=step.problem.path, backend=step.backend, timing=step.phase == "benchmark")
+            started = link.ask(request, Started, 120)
+    except RunnerFailed as exc:
+        result.status, result.message = Status.sandbox_error, f"the runner did not start: {exc}"
+        return result, None
+    except Exception as exc:
+        result.status, result.message = Status.sandbox_error, f"the problem failed to load: {exc}"
+        return result, None
+    if started.error:
+        result.status, result.message = Status.sandbox_error, started.error
+        return result, None
+    device = device_of(job)
+    result.device = started.device
+    precision = step.options.precision
+    session = Session(
+        job, link, report, device, problem_module, DTYPES.get(job_dtype(step.problem, precision), torch.float32),
+        verdict_policy(step.problem, step.options.policy, precision), cast=precision is not None,
+        launch_overhead_ms=started.launch_overhead_ms,
+    )  # fmt: skip
+    return result, session
+
+
+def load(session: Session, result: CompileResult) -> CompileResult:
+    """Build and import the submission in the runner, and construct ModelNew for every shape there."""
+    job, step = session.job, session.step
+    request = Load(
+        code=step.code,
+        submission_path=job.submission_path,
+        build_dir=job.build_dir,
+        problem=step.problem.name,
+        backend=step.backend,
+        shapes=[s for s in step.problem.shapes if step.backend in s.backends],
+        cache_key=job.cache_key,
+        cache_hit=job.cache_hit,
+        compile_only=step.phase == "compile",
+    )
+    try:
+        with stopwatch(result, "load"):
+            loaded = session.link.ask(request, Loaded, None, idle_limit_s=LOAD_IDLE_LIMIT_S).compile
+    except RunnerFailed as exc:
+        result.status = Status.timeout if exc.how == "timeout" else Status.runtime_error
+        result.message = f"{exc} while building or importing the submission"
+        return result
+    # what the runner may not speak for: which job, which problem, which cache entry, which device
+    loaded.problem, loaded.backend, loaded.cache_key, loaded.cache_hit = (
+        step.problem.name, step.backend, job.cache_key, job.cache_hit,
+    )  # fmt: skip
+    loaded.device, loaded.step_seconds = result.device, result.step_seconds
+    return loaded
