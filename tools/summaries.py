@@ -9,7 +9,15 @@ write these: the agent's llm proposer (its tool results, `kernelloop.agent.tool_
 from __future__ import annotations
 
 from kernelloop.tools.problems import describe_policy
-from kernelloop.tools.results import BenchmarkResult, CompileResult, Diagnostic, PhaseResult, TestResult, compile_part
+from kernelloop.tools.results import (
+    BenchmarkResult,
+    CompileResult,
+    Diagnostic,
+    PhaseResult,
+    Status,
+    TestResult,
+    compile_part,
+)
 
 MAX_DIAGNOSTICS = 8
 MAX_FAILED_CHECKS = 6
@@ -60,12 +68,12 @@ def summarize_test(result: TestResult) -> list[str]:
     if result.compile is not None and not result.compile.ok:
         return lines  # the compile part says it all
     policy = result.tolerance
-    failed = [c for c in result.checks if c.status.value != "passed"]
+    failed = [c for c in result.checks if c.status != Status.passed]
     lines.append(
         f"run_tests: {result.status.value} - {len(result.checks) - len(failed)} of {len(result.checks)} checks passed"
         + (f" ({describe_policy(policy)})" if policy else "")
     )
-    if result.message and result.status.value != "passed":
+    if result.message and result.status != Status.passed:
         lines.append(f"  {result.message}")
     for c in failed[:MAX_FAILED_CHECKS]:
         detail = [f"  shape {c.shape} seed {c.seed}: {c.status.value}"]
@@ -83,7 +91,7 @@ def summarize_test(result: TestResult) -> list[str]:
         lines.append(", ".join(detail) + (f" - {c.message}" if c.message else ""))
     if len(failed) > MAX_FAILED_CHECKS:
         lines.append(f"  ... {len(failed) - MAX_FAILED_CHECKS} more failed checks")
-    if result.status.value == "forbidden_op" and result.ops_called:
+    if result.status == Status.forbidden_op and result.ops_called:
         lines.append(f"  operators your forward called: {', '.join(result.ops_called[:20])}")
     if result.parameter_mapping and "could not" in result.parameter_mapping.lower():
         lines.append(f"  parameters: {result.parameter_mapping}")
@@ -104,7 +112,7 @@ def summarize_benchmark(result: BenchmarkResult) -> list[str]:
             parts.append(f"speedup {s.speedup:.3f}x")
         if s.fraction_of_floor is not None:
             parts.append(f"{s.fraction_of_floor:.0%} of the roofline floor ({s.floor_ms:.4f} ms)")
-        if s.status.value != "passed":
+        if s.status != Status.passed:
             parts.append(f"[{s.status.value}{': ' + s.message if s.message else ''}]")
         lines.append(" ".join(parts))
     if result.geomean_speedup is not None:
