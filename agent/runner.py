@@ -7,7 +7,6 @@ here with a `RunRefused` that says what to do; nothing is recorded for it.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -25,6 +24,7 @@ from kernelloop.agent.proposers.search import SearchProposer
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.contract import Health, ProblemCreate, ProblemDetail, RunCreate, RunPublic, RunStatus, RunUpdate
+from kernelloop.tools.problems import problem_name
 
 
 class RunRefused(BaseModel):
@@ -51,11 +51,9 @@ async def _check_service(client: ServiceClient) -> Health | RunRefused:
 
 
 def problem_name_for_file(path: Path) -> str:
-    """A registrable name for a KernelBench file: its stem (its folder's name for a problem.py), lower-case,
-    [a-z0-9_] only, starting with a letter."""
-    stem = path.resolve().parent.name if path.name == "problem.py" else path.stem
-    name = re.sub(r"[^a-z0-9_]", "_", stem.lower()).strip("_") or "problem"
-    return (name if name[0].isalpha() else f"p_{name}")[:64]
+    """The name a KernelBench file registers under: its stem (its folder's name for a problem.py), shortened by
+    the one rule of every path (tools.problems.problem_name) where it does not fit."""
+    return problem_name(path.resolve().parent.name if path.name == "problem.py" else path.stem)
 
 
 async def _problem(client: ServiceClient, name: str) -> ProblemDetail | RunRefused:
@@ -63,7 +61,7 @@ async def _problem(client: ServiceClient, name: str) -> ProblemDetail | RunRefus
     path = Path(name)
     if name.endswith(".py") and path.is_file():
         registered = await client.register_problem(
-            ProblemCreate(name=problem_name_for_file(path), source=path.read_text())
+            ProblemCreate(name=problem_name_for_file(path), source=path.read_text(), file_name=path.name)
         )
         if isinstance(registered, ServiceFailure):
             return RunRefused(message=f"{path} could not be registered as a problem: {registered}")

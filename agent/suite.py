@@ -9,7 +9,6 @@ an attempt. The caller follows the suite until every solution has its verdict.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
 import time
 from collections.abc import Callable
@@ -20,10 +19,9 @@ from pydantic import BaseModel
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
 from kernelloop.contract import ProblemCreate, SuiteCreate, SuiteEntryCreate, SuitePublic
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.problems import PROBLEM_NAME_PATTERN, problem_sets
+from kernelloop.tools.problems import problem_name, problem_sets
 from kernelloop.tools.results import Backend
 
-MAX_NAME = 64
 REGISTERING_AT_ONCE = 4
 POLL_S = 2.0
 
@@ -70,13 +68,9 @@ def find_solution(solutions_dir: Path, level: str, problem: Path) -> Path | None
 
 def registered_name(stem: str, level: str | None = None) -> str:
     """The name a problem file registers under: its own (KernelBench's `19_ReLU`), prefixed with its level when
-    that name is taken by another file, made to fit the name rule where it does not."""
-    name = f"{level}_{stem}" if level else stem
-    name = re.sub(r"[^A-Za-z0-9_]", "_", name).lstrip("_") or "problem"
-    if len(name) > MAX_NAME:
-        name = f"{name[: MAX_NAME - 9]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-    assert re.fullmatch(PROBLEM_NAME_PATTERN, name), name
-    return name
+    that name is taken by another file, shortened by the one rule (tools.problems.problem_name) where it does not
+    fit."""
+    return problem_name(f"{level}_{stem}" if level else stem)
 
 
 async def register_all(client: ServiceClient, plan: list[SuiteProblem]) -> dict[str, str]:
@@ -89,7 +83,9 @@ async def register_all(client: ServiceClient, plan: list[SuiteProblem]) -> dict[
         source = problem.path.read_text()
         async with gate:
             for name in (registered_name(problem.path.stem), registered_name(problem.path.stem, problem.level)):
-                answer = await client.register_problem(ProblemCreate(name=name, source=source))
+                answer = await client.register_problem(
+                    ProblemCreate(name=name, source=source, file_name=problem.path.name)
+                )
                 if not isinstance(answer, ServiceFailure):
                     problem.name = name
                     if name != problem.path.stem:

@@ -8,17 +8,19 @@ Nothing here touches a database or a GPU.
 
 import enum
 import json
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, field_validator
 from pydantic import Field as PydanticField
+from pydantic_core import PydanticCustomError
 from sqlalchemy import JSON, Text
 from sqlmodel import Field, SQLModel
 
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import JobPhase, Phase
-from kernelloop.tools.problems import PROBLEM_NAME_PATTERN, ShapeSpec
+from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS, PROBLEM_NAME_PATTERN, ShapeSpec, problem_name
 from kernelloop.tools.results import Backend, PhaseResultAny, Status, TolerancePolicy
 
 MAX_ID = 2**63 - 1  # the largest id a database integer holds
@@ -60,6 +62,12 @@ class RunStatus(str, enum.Enum):
 # ---------------------------------------------------------------------------------------- problems
 
 
+PROBLEM_FILE_NAME = "the name of the file the problem was registered from, e.g. 19_ReLU.py; none if not given"
+MAX_FILE_NAME_CHARS = 255
+# a plain file name: no folder separators or control characters, and not `.` or `..` (one character not a dot)
+FILE_NAME_PATTERN = r"^[^/\\\x00-\x1f\x7f]*[^./\\\x00-\x1f\x7f][^/\\\x00-\x1f\x7f]*$"
+
+
 class ProblemCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -67,13 +75,32 @@ class ProblemCreate(BaseModel):
 
     name: str = PydanticField(
         pattern=PROBLEM_NAME_PATTERN,
-        description="letters, digits and underscores, e.g. my_softmax or KernelBench's 19_ReLU",
+        description=f"up to {MAX_PROBLEM_NAME_CHARS} letters, digits and underscores, starting with a letter or digit, "
+        "e.g. my_softmax or KernelBench's 19_ReLU (a file's stem that does not fit is shortened by one rule: README, "
+        "Problems)",
     )
     source: str = PydanticField(min_length=1, description="the Python source of the problem file")
+    file_name: str | None = PydanticField(
+        None, max_length=MAX_FILE_NAME_CHARS, pattern=FILE_NAME_PATTERN, description=PROBLEM_FILE_NAME
+    )
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name_fits(cls, name: Any) -> Any:
+        """A name that does not fit is refused with the name the rule makes of it as the fix."""
+        if isinstance(name, str) and not re.fullmatch(PROBLEM_NAME_PATTERN, name):
+            raise PydanticCustomError(
+                "problem_name",
+                "'{name}' is not a problem name: up to {most} letters, digits and underscores, "
+                "starting with a letter or digit",
+                {"name": name[:300], "most": MAX_PROBLEM_NAME_CHARS, "fix": f"send the name {problem_name(name)!r}"},
+            )
+        return name
 
 
 class ProblemSummary(BaseModel):
     name: str
+    file_name: str | None = PydanticField(None, description=PROBLEM_FILE_NAME)
     origin: Literal["shipped", "registered"]
     dtype: str
     tolerance: TolerancePolicy

@@ -93,13 +93,14 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
             ),
         )
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    own_fix = (raw[0].get("ctx") or {}).get("fix") if raw else None  # a validator's own (e.g. the name to send)
     return error_response(
         422,
         ErrorBody(
             error="invalid_request",
             message=f"{first.field}: {first.message}{more}",
             field=first.field,
-            fix=FIXES.get(first.type, "correct the field; GET /openapi.json has the schema"),
+            fix=str(own_fix or FIXES.get(first.type, "correct the field; GET /openapi.json has the schema")),
             errors=errors,
         ),
     )

@@ -15,10 +15,11 @@ from kernelloop.server.errors import ApiError
 from kernelloop.server.service import Service
 from kernelloop.storage import history, problems
 from kernelloop.storage.models import Attempt
+from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
 from kernelloop.tools.results import Backend
 
-MAX_NAME_CHARS = 200
-"""The longest problem name a read takes (a registered name is shorter: PROBLEM_NAME_PATTERN)."""
+MAX_NAME_CHARS = MAX_PROBLEM_NAME_CHARS
+"""The longest problem name a read takes: the longest a problem can have."""
 MAX_LEADERBOARD = 100
 """The most entries one leaderboard read answers."""
 

@@ -294,9 +294,9 @@ class Service:
                 field="body.source",
                 fix="give the problem smaller shapes (smaller sizes in get_inputs or SHAPES)",
             )
-        return self._keep_problem(spec)
+        return self._keep_problem(spec, body.file_name)
 
-    def _keep_problem(self, spec: ProblemSpec) -> tuple[ProblemDetail, bool]:
+    def _keep_problem(self, spec: ProblemSpec, file_name: str | None) -> tuple[ProblemDetail, bool]:
         """Write the file where workers import it and keep the row; one registration at a time, so a
         losing concurrent registration of the same name never overwrites the winner's file."""
         path = problems.registered_path(self.settings.problems_dir, spec.name)
@@ -309,7 +309,7 @@ class Service:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(spec.source)
             try:
-                row = problems.register(session, spec.model_copy(update={"path": str(path)}))
+                row = problems.register(session, spec.model_copy(update={"path": str(path)}), file_name)
             except IntegrityError as exc:  # another service process on the same database
                 raise ApiError(
                     409,

@@ -19,6 +19,7 @@ from sqlmodel import Session, SQLModel, select
 
 from kernelloop.storage.history import recount_attempts
 from kernelloop.storage.models import SCHEMA_VERSION, SchemaInfo, utcnow
+from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
 
 log = logging.getLogger("kernelloop.storage")
 
@@ -38,7 +39,17 @@ def _add_suites(connection: Connection) -> None:
     """v2 -> v3: the suites and suite_entries tables, new and empty (ensure_schema creates them)."""
 
 
-MIGRATIONS: dict[int, Migration] = {1: _recount_attempts, 2: _add_suites}
+def _longer_problem_names(connection: Connection) -> None:
+    """v3 -> v4: a problem's name holds up to MAX_PROBLEM_NAME_CHARS characters (was 64: KernelBench's longest
+    level-1 file names did not fit), and `file_name` keeps the name of the file it was registered from (none for
+    the rows already there). SQLite does not enforce a VARCHAR's length: only PostgreSQL's column is widened."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(text(f"ALTER TABLE problems ALTER COLUMN name TYPE VARCHAR({MAX_PROBLEM_NAME_CHARS})"))
+    if "file_name" not in {c["name"] for c in inspect(connection).get_columns("problems")}:
+        connection.execute(text("ALTER TABLE problems ADD COLUMN file_name TEXT"))
+
+
+MIGRATIONS: dict[int, Migration] = {1: _recount_attempts, 2: _add_suites, 3: _longer_problem_names}
 """MIGRATIONS[n] upgrades a version-n database to version n+1."""
 
 

@@ -21,6 +21,7 @@ from sqlmodel import Field, SQLModel
 from kernelloop.contract import (
     ATTEMPT_CORRECT,
     ATTEMPT_SPEEDUP,
+    PROBLEM_FILE_NAME,
     AttemptBase,
     EvaluationBase,
     JobStatus,
@@ -30,10 +31,12 @@ from kernelloop.contract import (
     utcnow,
 )
 from kernelloop.tools.phase_registry import JobPhase
+from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bumped with every change to the tables or to what their columns mean; storage.database upgrades or refuses
-older databases (v2: an attempt's `correct` and `speedup` count only full-coverage verdicts; v3: suites)."""
+older databases (v2: an attempt's `correct` and `speedup` count only full-coverage verdicts; v3: suites; v4: a
+problem's name up to MAX_PROBLEM_NAME_CHARS, and the name of the file it was registered from)."""
 
 
 class _Row(Protocol):
@@ -91,7 +94,8 @@ class Problem(SQLModel, table=True):
 
     __tablename__ = "problems"
     id: int | None = Field(default=None, primary_key=True)
-    name: str = Field(index=True, unique=True, max_length=64)
+    name: str = Field(index=True, unique=True, max_length=MAX_PROBLEM_NAME_CHARS)
+    file_name: str | None = Field(default=None, sa_type=Text, description=PROBLEM_FILE_NAME)
     origin: Literal["shipped", "registered"] = Field(sa_type=Text)
     sha256: str = Field(max_length=64)
     source: str = Field(sa_type=Text)

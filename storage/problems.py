@@ -104,10 +104,12 @@ def spec_of(row: Problem) -> ProblemSpec:
     return ProblemSpec.model_validate(row.spec)
 
 
-def register(session: Session, spec: ProblemSpec) -> Problem:
-    """Keep a problem that passed its sandboxed check; `spec.path` is already its final file."""
+def register(session: Session, spec: ProblemSpec, file_name: str | None = None) -> Problem:
+    """Keep a problem that passed its sandboxed check; `spec.path` is already its final file, `file_name` the name
+    of the file it came from (for people)."""
     row = Problem(
         name=spec.name,
+        file_name=file_name,
         origin="registered",
         sha256=sha256_text(spec.source),
         source=spec.source,
@@ -124,6 +126,7 @@ def summary(row: Problem) -> ProblemSummary:
     spec = spec_of(row)
     return ProblemSummary(
         name=row.name,
+        file_name=row.file_name,
         origin=row.origin,
         dtype=spec.dtype,
         tolerance=spec.tolerance,

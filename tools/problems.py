@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -158,9 +159,28 @@ class ShapeSpec(BaseModel):
         return CHECK_COPIES * (self.input_bytes + (self.output_bytes or self.input_bytes))
 
 
-PROBLEM_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_]{0,63}$"
+MAX_PROBLEM_NAME_CHARS = 128
+"""The longest problem name: the pattern, the database column, the read routes' limits and the renaming of a
+file's name all use this one figure (KernelBench's longest level-1 file name has 96 characters)."""
+PROBLEM_NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_]{{0,{MAX_PROBLEM_NAME_CHARS - 1}}}$"
 """A registered problem's name: also the folder its file is kept in, so nothing but letters, digits and underscores
 (KernelBench's own file names, such as 19_ReLU, register as they are)."""
+NAME_DIGEST_CHARS = 8
+
+
+def problem_name(stem: str) -> str:
+    """The name a problem file registers under, the one rule of every path (the API's fix, `kernelloop suite`,
+    `kernelloop agent run --problem FILE`): the file's stem as it is when it fits PROBLEM_NAME_PATTERN. Otherwise
+    every character but an ASCII letter, digit or underscore becomes `_` and the leading underscores go (nothing
+    left: `problem`); a name still over MAX_PROBLEM_NAME_CHARS keeps its first 119 characters, then `_` and the
+    first 8 hex digits of the SHA-256 of the whole stem (UTF-8), so two long names that share a start stay apart."""
+    if re.fullmatch(PROBLEM_NAME_PATTERN, stem):
+        return stem
+    name = re.sub(r"[^A-Za-z0-9_]", "_", stem).lstrip("_") or "problem"
+    if len(name) > MAX_PROBLEM_NAME_CHARS:
+        digest = hashlib.sha256(stem.encode()).hexdigest()[:NAME_DIGEST_CHARS]
+        name = f"{name[: MAX_PROBLEM_NAME_CHARS - NAME_DIGEST_CHARS - 1]}_{digest}"
+    return name
 
 
 class ProblemSpec(BaseModel):

@@ -22,7 +22,7 @@ from kernelloop.agent.suite import SuiteOutcome, plan_suite, run_suite
 from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
 from kernelloop.contract import FAST_P_THRESHOLDS, SuitePublic
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.problems import POLICY_CHOICES, PRECISIONS, ProblemError
+from kernelloop.tools.problems import POLICY_CHOICES, PRECISIONS, ProblemError, problem_name
 
 OWN_POLICY = "each problem's own"
 
@@ -49,7 +49,8 @@ def format_suite(outcome: SuiteOutcome) -> str:
                 + " ".join(f"{level.fast_p[k]:>8.1%}" for k in fast)
             )
     for original, name in outcome.renamed.items():
-        lines.append(f"note: {original} registered as {name} (its own name belongs to another file)")
+        why = "shortened by the name rule" if name == problem_name(Path(original).stem) else "its own name is taken"
+        lines.append(f"note: {original} registered as {name} ({why})")
     for problem in outcome.left_out:
         lines.append(f"left out: {problem.level}/{problem.path.name}: {problem.note}")
     return "\n".join(lines)

@@ -225,7 +225,18 @@ def test_a_bad_problem_file_is_refused_with_the_reason(api: httpx.Client, source
 
 
 def test_problem_name_and_size_limits(api: httpx.Client) -> None:
-    _error(api.post("/v1/problems", json={"name": "Bad Name!", "source": RELU_PROBLEM}), 422, "body.name")
+    # a name that does not fit is refused, the name the one rule makes of it the fix (README: Problems)
+    bad = _error(api.post("/v1/problems", json={"name": "Bad Name!", "source": RELU_PROBLEM}), 422, "body.name")
+    assert bad["fix"] == "send the name 'Bad_Name_'" and "up to 128 letters" in bad["message"], bad
+    long = _error(api.post("/v1/problems", json={"name": "7_" + "x" * 140, "source": RELU_PROBLEM}), 422, "body.name")
+    assert long["fix"] == "send the name '7_" + "x" * 117 + "_9225df74'", long
+    for file_name in ("../19_ReLU.py", "a/b.py", "..", "x" * 256):
+        _error(
+            api.post("/v1/problems", json={"name": "n", "source": RELU_PROBLEM, "file_name": file_name}),
+            422,
+            "body.file_name",
+        )
+    assert api.get("/v1/problems/" + "x" * 129).status_code == 422  # longer than any problem name
     _error(api.post("/v1/problems", json={"name": "huge", "source": "#" * (300 << 10)}), 413, "body.source")
 
 

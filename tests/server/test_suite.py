@@ -3,18 +3,22 @@ and scored as KernelBench scores a level (correctness rate, fast_p), every solut
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import httpx
 import pytest
 
-from kernelloop.agent.suite import find_solution, plan_suite, registered_name
+from kernelloop.agent.runner import _problem, problem_name_for_file
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.suite import SuiteProblem, find_solution, plan_suite, register_all, registered_name
 from kernelloop.cli import main
 from kernelloop.cli.embedded import EmbeddedService
+from kernelloop.contract import ProblemDetail
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage.suites import level_metrics
-from kernelloop.tools.problems import ProblemError, problem_sets
+from kernelloop.tools.problems import ProblemError, problem_name, problem_sets
 
 PROBLEM = """
 import torch
@@ -42,6 +46,8 @@ class ModelNew(torch.nn.Module):
     def forward(self, x):
         return {expression}
 """
+# KernelBench's longest level-1 file name (96 characters); eight of its files have names over 64 characters
+KERNELBENCH_75 = "75_conv_transposed_2D_asymmetric_input_asymmetric_kernel_strided__grouped____padded____dilated__"
 # the reference wastes 64 passes over its input: a one-pass solution is many times faster on any CPU
 WASTEFUL_ADD_ONE = "        for _ in range(64):\n            x = x + 0.0\n        return x + 1"
 
@@ -85,8 +91,21 @@ def test_a_kernelbench_tree_is_planned_level_by_level_with_each_solution_found(k
         problem_sets(problems / "empty")
     assert registered_name("19_ReLU") == "19_ReLU"
     assert registered_name("1_Conv", "level2") == "level2_1_Conv"
-    long = registered_name("9" * 80 + "-x")
-    assert len(long) == 64 and long.startswith("999") and "-" not in long
+
+
+def test_one_name_rule_keeps_every_kernelbench_name_and_shortens_the_rest_alike() -> None:
+    assert len(KERNELBENCH_75) == 96
+    for stem in (KERNELBENCH_75, "19_ReLU", "0_x"):  # a name that fits is its own on every path
+        assert problem_name(stem) == registered_name(stem) == problem_name_for_file(Path(f"/k/{stem}.py")) == stem
+    assert registered_name(KERNELBENCH_75, "level1") == f"level1_{KERNELBENCH_75}"  # 103 characters: fits
+    # other characters become underscores, leading underscores go; nothing left is `problem`
+    assert problem_name("9" * 80 + "-x") == "9" * 80 + "_x"
+    assert problem_name("-é-ReLU.v2") == "ReLU_v2" and problem_name("...") == "problem"
+    assert problem_name_for_file(Path("/k/softmax/problem.py")) == "softmax"
+    # over 128: the first 119 characters, `_`, and 8 hex digits of the whole stem's SHA-256
+    long = problem_name("7_" + "x" * 140)
+    assert long == "7_" + "x" * 117 + "_9225df74" and len(long) == 128
+    assert registered_name("A" * 125 + ".v2", "level1") == "level1_" + "A" * 112 + "_9513ab4e"
 
 
 def test_fast_p_counts_every_problem_of_the_level_and_only_correct_solutions() -> None:
@@ -160,3 +179,36 @@ def test_the_suite_command_scores_each_level_and_records_every_attempt(
     assert len(attempts) == 3 and {a["proposer"] for a in attempts} == {"suite"}
     tests = [e for a in attempts for e in a["evaluations"] if e["kind"] == "test"]
     assert tests and {t["result"]["tolerance"]["name"] for t in tests} == {"kernelbench"}
+
+
+@pytest.mark.parametrize("path", ["api", "suite", "agent run --problem FILE"])
+def test_a_96_character_kernelbench_file_name_registers_as_it_is_on_every_path(
+    path: str, tmp_path: Path, session_root: Path
+) -> None:
+    problem_file = tmp_path / "KernelBench" / "level1" / f"{KERNELBENCH_75}.py"
+    _write(problem_file, PROBLEM.format(body="        return x * 2"))
+    folder = session_root / f"long-names-{path.split()[0]}"
+    settings = ServiceSettings(data_dir=folder / "data", problems_dir=folder / "problems")
+    with EmbeddedService(settings) as service:
+        if path == "api":
+            body = {"name": KERNELBENCH_75, "source": problem_file.read_text(), "file_name": problem_file.name}
+            answer = httpx.post(f"{service.url}/v1/problems", json=body, timeout=60)
+            assert answer.status_code == 201, answer.text
+        else:
+
+            async def register() -> str:
+                async with ServiceClient(service.url) as client:
+                    if path == "suite":
+                        plan = [SuiteProblem(level="level1", path=problem_file, solution=None)]
+                        assert await register_all(client, plan) == {}  # not renamed
+                        assert plan[0].note == "", plan[0].note
+                        return plan[0].name
+                    detail = await _problem(client, str(problem_file))
+                    assert isinstance(detail, ProblemDetail), detail
+                    return detail.name
+
+            assert asyncio.run(register()) == KERNELBENCH_75
+        listed = {p["name"]: p for p in httpx.get(f"{service.url}/v1/problems").json()}
+        detail = httpx.get(f"{service.url}/v1/problems/{KERNELBENCH_75}").json()
+    assert listed[KERNELBENCH_75]["file_name"] == f"{KERNELBENCH_75}.py" == detail["file_name"]
+    assert listed["causal_conv1d"]["file_name"] is None  # a shipped problem has none

@@ -311,6 +311,34 @@ def test_the_upgrade_to_v2_recounts_attempts_by_coverage(tmp_path: Path) -> None
         assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION
 
 
+def test_the_upgrade_to_v4_keeps_the_problems_and_adds_their_file_name(tmp_path: Path) -> None:
+    engine = open_database(database_url(str(tmp_path / "v3.sqlite3")))
+    with Session(engine) as session:
+        problems.sync_shipped(session)
+        attempt, _ = _attempt(session, code="# kept")
+        kept = {p.name: (p.id, p.sha256) for p in problems.all_problems(session)}
+        attempt_id = attempt.id
+    with engine.begin() as connection:  # the problems table as v3 wrote it: no file_name
+        connection.execute(text("ALTER TABLE problems DROP COLUMN file_name"))
+        connection.execute(text("UPDATE kernelloop_schema SET version = 3"))
+    assert "file_name" not in {c["name"] for c in inspect(engine).get_columns("problems")}
+    engine.dispose()
+
+    engine = open_database(database_url(str(tmp_path / "v3.sqlite3")))  # as a new kernelloop opens it
+    assert "file_name" in {c["name"] for c in inspect(engine).get_columns("problems")}
+    with Session(engine) as session:
+        assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION == 4
+        rows = problems.all_problems(session)
+        assert {p.name: (p.id, p.sha256) for p in rows} == kept and "causal_conv1d" in kept
+        assert all(p.file_name is None for p in rows)
+        assert session.get(Attempt, attempt_id) is not None
+        # a name KernelBench's longest level-1 files need, and the file it came from, now go in
+        long = "75_conv_transposed_2D_asymmetric_input_asymmetric_kernel_strided__grouped____padded____dilated__"
+        spec = problems.spec_of(_problem(session)).model_copy(update={"name": long})
+        problems.register(session, spec, f"{long}.py")
+        assert problems.summary(_problem(session, long)).file_name == f"{long}.py"
+
+
 def test_a_compile_error_marks_the_attempt_not_compiled(engine) -> None:
     with Session(engine) as session:
         attempt, _ = _attempt(session, code="def broken(:")
