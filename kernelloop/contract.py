@@ -392,9 +392,16 @@ class SuiteLevel(BaseModel):
     with_solution: int
     evaluated: int = PydanticField(description="solutions whose evaluation has ended")
     correct: int
+    suspicious: int = PydanticField(
+        0,
+        description="of the correct ones, those whose benchmark was suspicious (faster than the memory floor, "
+        "timed outputs wrong, or the timing envelope disagreed; the entry's message says which): no speedup to "
+        "trust, so fast_p leaves them out",
+    )
     correctness_rate: float = PydanticField(description="correct / problems")
     fast_p: dict[str, float] = PydanticField(
-        description="for each p in 0, 1, 1.5, 2: the share of problems correct with a speedup above p"
+        description="for each p in 0, 1, 1.5, 2: the share of problems correct with a speedup above p, the "
+        "suspicious ones left out"
     )
 
 

@@ -121,19 +121,25 @@ def _entry_public(
 
 def level_metrics(level: str, entries: Sequence[SuiteEntryPublic]) -> SuiteLevel:
     """Correctness rate and fast_p over every problem of the level: a problem without a solution, or whose
-    solution failed, counts in the denominator as KernelBench counts it."""
+    solution failed, counts in the denominator as KernelBench counts it.
+
+    A `suspicious` solution (correct by its tests, but its benchmark was faster than the memory floor, its timed
+    outputs were wrong, or the timing envelope disagreed) counts as correct and is counted apart in `suspicious`;
+    fast_p leaves it out at every p, fast_0 included. KernelBench's score.py would count a correct kernel faster
+    than p x the reference, but such a kernel has no speedup we can trust, so fast_0 is below the correctness
+    rate by the suspicious share (by KernelBench's count it would be in fast_0, and perhaps above)."""
     n = len(entries)
     correct = [e for e in entries if e.correct]
-    fast_p = {
-        _p_key(p): (sum(1 for e in correct if e.speedup is not None and e.speedup > p) / n if n else 0.0)
-        for p in FAST_P_THRESHOLDS
-    }
+    suspicious = [e for e in correct if e.status == Status.suspicious]
+    speedups = [e.speedup for e in correct if e.status != Status.suspicious and e.speedup is not None]
+    fast_p = {_p_key(p): (sum(1 for s in speedups if s > p) / n if n else 0.0) for p in FAST_P_THRESHOLDS}
     return SuiteLevel(
         level=level,
         problems=n,
         with_solution=sum(1 for e in entries if e.status not in ("no_solution",)),
         evaluated=sum(1 for e in entries if e.status not in ("no_solution", "pending")),
         correct=len(correct),
+        suspicious=len(suspicious),
         correctness_rate=len(correct) / n if n else 0.0,
         fast_p=fast_p,
     )

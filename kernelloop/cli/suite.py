@@ -23,6 +23,7 @@ from kernelloop.cli.client_setup import bearer_token, client_settings, open_serv
 from kernelloop.contract import FAST_P_THRESHOLDS, SuitePublic
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import POLICY_CHOICES, PRECISIONS, ProblemError, problem_name
+from kernelloop.tools.results import Status
 
 OWN_POLICY = "each problem's own"
 
@@ -42,12 +43,19 @@ def format_suite(outcome: SuiteOutcome) -> str:
             )
         fast = [f"fast_{p:g}" for p in FAST_P_THRESHOLDS]
         lines.append("")
-        lines.append(f"{'level':8} {'problems':>8} {'solved':>6} {'correct':>8} " + " ".join(f"{k:>8}" for k in fast))
+        lines.append(
+            f"{'level':8} {'problems':>8} {'solved':>6} {'correct':>8} {'suspicious':>10} "
+            + " ".join(f"{k:>8}" for k in fast)
+        )
         for level in suite.levels:
             lines.append(
                 f"{level.level:8} {level.problems:>8} {level.with_solution:>6} {level.correctness_rate:>8.1%} "
-                + " ".join(f"{level.fast_p[k]:>8.1%}" for k in fast)
+                f"{level.suspicious:>10} " + " ".join(f"{level.fast_p[k]:>8.1%}" for k in fast)
             )
+        suspicious = [e for e in suite.entries if e.correct and e.status == Status.suspicious]
+        if suspicious:
+            lines.append(f"suspicious: correct, but no speedup to trust, so fast_p leaves {len(suspicious)} out:")
+            lines.extend(f"  {e.level}/{e.problem}: {e.message or 'no message'}" for e in suspicious)
     for original, name in outcome.renamed.items():
         why = "shortened by the name rule" if name == problem_name(Path(original).stem) else "its own name is taken"
         lines.append(f"note: {original} registered as {name} ({why})")

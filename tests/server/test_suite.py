@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -108,7 +109,7 @@ def test_one_name_rule_keeps_every_kernelbench_name_and_shortens_the_rest_alike(
     assert registered_name("A" * 125 + ".v2", "level1") == "level1_" + "A" * 112 + "_9513ab4e"
 
 
-def test_fast_p_counts_every_problem_of_the_level_and_only_correct_solutions() -> None:
+def test_fast_p_counts_every_problem_of_the_level_and_only_correct_solutions_timed_honestly() -> None:
     from kernelloop.contract import SuiteEntryPublic
 
     def entry(status: str, correct: bool, speedup: float | None) -> SuiteEntryPublic:
@@ -124,12 +125,49 @@ def test_fast_p_counts_every_problem_of_the_level_and_only_correct_solutions() -
             entry("passed", True, 1.2),
             entry("wrong_result", False, None),
             entry("suspicious", True, None),  # correct, but no honest timing: fast_0 does not count it
+            entry("suspicious", True, 3.0),  # nor a speedup that a suspicious benchmark left standing
             entry("no_solution", False, None),
         ],
     )
-    assert metrics.problems == 5 and metrics.with_solution == 4 and metrics.correct == 3
-    assert metrics.correctness_rate == pytest.approx(0.6)
-    assert metrics.fast_p == pytest.approx({"fast_0": 0.4, "fast_1": 0.4, "fast_1.5": 0.2, "fast_2": 0.2})
+    assert metrics.problems == 6 and metrics.with_solution == 5 and metrics.correct == 4
+    assert metrics.suspicious == 2  # counted apart from the correct-and-fast
+    assert metrics.correctness_rate == pytest.approx(0.6667, abs=1e-4)
+    # KernelBench's score.py would give fast_0 = 4/6 and fast_2 = 2/6 here (the 3.0 counted)
+    assert metrics.fast_p == pytest.approx(
+        {"fast_0": 0.3333, "fast_1": 0.3333, "fast_1.5": 0.1667, "fast_2": 0.1667}, abs=1e-4
+    )
+
+
+def test_the_report_gives_suspicious_solutions_a_column_and_their_reason() -> None:
+    from kernelloop.agent.suite import SuiteOutcome
+    from kernelloop.cli.suite import format_suite
+    from kernelloop.contract import SuiteEntryPublic, SuitePublic
+
+    why = "benchmark: faster than the memory floor allows (0.2 us for 4 MB)"
+    entries = [
+        SuiteEntryPublic(
+            problem="1_Fast", level="level1", solution="1_Fast.py", attempt_id=1, job_id=1,
+            status="passed", correct=True, speedup=1.8,
+        ),
+        SuiteEntryPublic(
+            problem="2_Too_fast", level="level1", solution="2_Too_fast.py", attempt_id=2, job_id=2,
+            status="suspicious", correct=True, speedup=None, message=why,
+        ),
+    ]  # fmt: skip
+    suite = SuitePublic(
+        id=7, name=None, backend="cpu", policy=None, status="finished", created_at=datetime.now(UTC),
+        levels=[level_metrics("level1", entries)], entries=entries,
+    )  # fmt: skip
+    long_file = "level1/" + "7_" + "x" * 140 + ".py"
+    report = format_suite(
+        SuiteOutcome(suite=suite, left_out=[], renamed={long_file: problem_name("7_" + "x" * 140)})
+    ).splitlines()
+    header = next(line for line in report if line.startswith("level ") and "suspicious" in line)
+    row = report[report.index(header) + 1].split()
+    # level, problems, solved, correct, suspicious, fast_0, fast_1, fast_1.5, fast_2
+    assert row == ["level1", "2", "2", "100.0%", "1", "50.0%", "50.0%", "50.0%", "0.0%"], report
+    assert "fast_p leaves 1 out" in "\n".join(report) and f"  level1/2_Too_fast: {why}" in report
+    assert report[-1].endswith("x" * 117 + "_9225df74 (shortened by the name rule)"), report[-1]
 
 
 def test_the_suite_command_scores_each_level_and_records_every_attempt(
