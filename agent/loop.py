@@ -343,7 +343,7 @@ class RunLoop:
                 parent_attempt_id=attempt.parent_id,
                 tool="evaluate",
                 label="(before resume)",
-                status=attempt.status.value,
+                status=attempt.status,
                 correct=attempt.correct,
                 speedup=attempt.speedup,
                 seconds=0.0,

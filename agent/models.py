@@ -19,6 +19,13 @@ from kernelloop.tools.results import Backend, PhaseResultAny, Status
 
 ProposerName = Literal["llm", "search", "replay"]
 ApiStyle = Literal["openai", "anthropic"]
+StepStatus = Status | Literal["service_error"]
+"""What one step came to: the tool's verdict, or `service_error` when the service gave none."""
+
+
+def status_text(status: StepStatus | Literal["pending"]) -> str:
+    """The status as a word (an f-string of a Status gives `Status.passed` on Python 3.11)."""
+    return status.value if isinstance(status, Status) else status
 
 
 class LlmConfig(BaseModel):
@@ -105,7 +112,7 @@ class Outcome(BaseModel):
     attempt_id: int | None = None
     parent_attempt_id: int | None = None
     job_id: int | None = None
-    status: str = Field(description="the tool's Status value, or service_error")
+    status: StepStatus = Field(description="the tool's Status, or service_error")
     message: str = ""
     results: list[PhaseResultAny] = []
     correct: bool | None = Field(
@@ -122,10 +129,10 @@ class Outcome(BaseModel):
 
     @property
     def passed(self) -> bool:
-        return self.status == Status.passed.value
+        return self.status == Status.passed
 
 
-def outcome_fields(job: JobPublic) -> tuple[str, str, bool | None, float | None]:
+def outcome_fields(job: JobPublic) -> tuple[StepStatus, str, bool | None, float | None]:
     """(status, message, correct, speedup) of a job: its last verdict's, and what the service counted for the
     attempt (a test or benchmark narrowed to fewer shapes or seeds counts for neither: storage.coverage)."""
     if job.status == JobStatus.failed:
@@ -133,7 +140,7 @@ def outcome_fields(job: JobPublic) -> tuple[str, str, bool | None, float | None]
     if not job.results:
         return "service_error", "the job returned no verdict", None, None
     last = job.results[-1]
-    return last.status.value, last.message, job.correct, job.speedup
+    return last.status, last.message, job.correct, job.speedup
 
 
 class AttemptLine(BaseModel):
@@ -145,7 +152,7 @@ class AttemptLine(BaseModel):
     parent_attempt_id: int | None
     tool: ToolName
     label: str
-    status: str
+    status: StepStatus
     correct: bool | None
     speedup: float | None
     seconds: float

@@ -11,8 +11,9 @@ import sys
 import time
 from typing import TextIO
 
-from kernelloop.agent.models import Outcome, Proposal, RunSummary
+from kernelloop.agent.models import Outcome, Proposal, RunSummary, status_text
 from kernelloop.contract import JobEventPublic
+from kernelloop.tools.results import Status
 
 
 def _speed(value: float | None) -> str:
@@ -55,7 +56,7 @@ class Progress:
             text = f"{data.get('step')} started on {data.get('lane')}"
         elif event.type == "progress":
             check, shape = data.get("last_check"), data.get("last_shape")
-            if check and check.get("status") != "passed":
+            if check and check.get("status") != Status.passed:
                 text = f"test: shape {check['shape']} seed {check['seed']} {check['status']}"
             elif shape and data.get("kind") == "benchmark":
                 speed = f" {shape['speedup']:.3f}x" if shape.get("speedup") is not None else ""
@@ -74,12 +75,12 @@ class Progress:
     def outcome(self, outcome: Outcome, proposal: Proposal) -> None:
         if self.quiet:
             return
-        parts = [f"{outcome.status}"]
+        parts = [status_text(outcome.status)]
         if outcome.correct is not None:
             parts.append("correct" if outcome.correct else "incorrect")
         if outcome.speedup is not None:
             parts.append(f"speedup {outcome.speedup:.3f}x")
-        if outcome.message and outcome.status != "passed":
+        if outcome.message and not outcome.passed:
             parts.append(outcome.message.splitlines()[0][:100])
         best = f"best {_speed(outcome.best_speedup)}" + (
             f" (#{outcome.best_attempt_id})" if outcome.best_attempt_id else ""
@@ -105,7 +106,7 @@ class Progress:
             trajectory = "-" if line.trajectory < 0 else str(line.trajectory)
             self._print(
                 f"{line.step:>4} {trajectory:>4} {line.attempt_id or '-':>7} {line.parent_attempt_id or '-':>6}  "
-                f"{line.tool:14} {line.status[:17]:17} {correct:7} {_speed(line.speedup):>8} "
+                f"{line.tool:14} {status_text(line.status)[:17]:17} {correct:7} {_speed(line.speedup):>8} "
                 f"{line.seconds:>6.1f}  {line.label[:60]}"
             )
         if summary.best_attempt_id is not None:

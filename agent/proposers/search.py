@@ -27,7 +27,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ShapeWinner, ToolName
+from kernelloop.agent.models import (
+    AgentRunConfig,
+    Outcome,
+    Proposal,
+    ProposerDone,
+    ShapeWinner,
+    StepStatus,
+    ToolName,
+)
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.templates import (
     BaselineKernel,
@@ -38,7 +46,7 @@ from kernelloop.agent.templates import (
     params_key,
 )
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.results import BenchmarkResult
+from kernelloop.tools.results import BenchmarkResult, Status
 
 ETA = 2  # successive halving: keep 1/ETA, time ETA x longer
 IMPROVEMENT_MARGIN = 1.03  # a climb step must beat the incumbent by 3%: CPU timings are noisy
@@ -53,14 +61,14 @@ class Trial(BaseModel):
     params: Params | None = None
     label: str
     attempt_id: int | None = None
-    status: str = "pending"
+    status: StepStatus | Literal["pending"] = "pending"
     measurements: list[tuple[float, float]] = Field([], description="(benchmark seconds per shape, geomean speedup)")
     shape_speedups: dict[str, float] = {}
 
     @property
     def score(self) -> float | None:
         """The speedup measured with the longest timing budget (the latest among equals)."""
-        if self.status != "passed" or not self.measurements:
+        if self.status != Status.passed or not self.measurements:
             return None
         longest = max(budget for budget, _ in self.measurements)
         return [speedup for budget, speedup in self.measurements if budget == longest][-1]
@@ -171,7 +179,7 @@ class SearchProposer:
         """Per benchmark shape: the fastest passed trial (template and parameters) and its speedup there."""
         best: dict[str, ShapeWinner] = {}
         for trial in self.search_state.trials.values():
-            if trial.status != "passed":
+            if trial.status != Status.passed:
                 continue
             for shape, speedup in trial.shape_speedups.items():
                 if shape not in best or speedup > best[shape].speedup:
@@ -392,14 +400,14 @@ class SearchProposer:
             return
         if planned is not None and planned.tool == "evaluate":
             trial.status = outcome.status
-        elif outcome.status != "passed":
+        elif not outcome.passed:
             trial.status = outcome.status  # a re-timing that fails (suspicious, timeout) disqualifies it
         if outcome.speedup is not None:
             trial.measurements.append((planned.time_budget_s if planned else 0.0, outcome.speedup))
         for result in outcome.results:
             if isinstance(result, BenchmarkResult):
                 for shape in result.shapes:
-                    if shape.speedup is not None and shape.status.value == "passed":
+                    if shape.speedup is not None and shape.status == Status.passed:
                         trial.shape_speedups[shape.shape] = shape.speedup
 
     def _done_reason(self) -> str:

@@ -17,7 +17,7 @@ from kernelloop.agent.llm.factory import is_private_url, resolve_llm_config
 from kernelloop.agent.llm.openai_chat import OpenAIChatClient
 from kernelloop.agent.llm.types import ChatMessage, LlmFailure, ToolCall, ToolDefinition
 from kernelloop.agent.loop import RunLoop
-from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, outcome_fields
+from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, outcome_fields, status_text
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.proposers.replay import TranscriptError, parse_transcript
@@ -494,3 +494,14 @@ def test_agent_time_budget_is_refused_naming_max_run_seconds(
         main(["agent", *command, "--time-budget", "30"])
     assert exited.value.code == 2
     assert "--time-budget is now --max-run-seconds" in capsys.readouterr().err
+
+
+def test_statuses_are_the_status_enum_and_a_stored_search_reads_back() -> None:
+    from kernelloop.agent.proposers.search import Trial
+
+    stored = {"key": "k", "label": "k", "status": "wrong_result"}  # as the run's meta keeps it (JSON)
+    assert Trial.model_validate(stored).status is Status.wrong_result
+    assert Trial.model_validate({"key": "k", "label": "k"}).status == "pending"
+    outcome = Outcome(step=1, trajectory=0, tool="evaluate", status=Status.passed)
+    assert outcome.passed and outcome.model_dump(mode="json")["status"] == "passed"
+    assert status_text(Status.timeout) == "timeout" and status_text("service_error") == "service_error"
