@@ -1,10 +1,16 @@
-"""Hostile submissions (tests/sandbox/hostile/): each attack runs in a real sandboxed worker on the CPU backend, and
-must get the status it is listed with here, report every attempt blocked, and leave the host as it was:
-the service's secrets unread, the canary file and the shipped problems unchanged, the virtualenv's files
-the same, no connection on the host's sockets, no process left behind."""
+"""Hostile submissions (tests/sandbox/hostile/): each attack runs in a real sandboxed worker on the CPU backend.
+
+Every attack first says it got to its point of attack (`ATTACK reached: ...` on its stdout: found the judge,
+started its daemons, opened the file it reads), and the test checks that first: an attack that failed on its
+own proves nothing of the sandbox. Then each attempt's outcome, by name: blocked with the error the defence
+gives (the errno of a refusal, on a target the test made sure exists outside the sandbox), never an error of the
+attack's own. Then the job's status, and the host as it was: the service's secrets unread, the canary file and
+the shipped problems unchanged, the virtualenv's files the same, no connection on the host's sockets, no process
+left behind. Bubblewrap is required: without it the jobs fail (sandbox_error), they do not skip."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,13 +31,13 @@ from conftest import PROBLEM, REPO
 
 from kernelloop.tools import api
 from kernelloop.tools.results import CompileResult, Status
+from kernelloop.tools.sandbox.launch import SandboxUnavailable
 from kernelloop.tools.settings import SandboxSettings
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"
 SECRET = "kl-canary-" + secrets.token_hex(8)
 VENV_SITE = Path(sys.prefix)
-
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the hostile suite needs bubblewrap")
+DOTENV = f"KERNELLOOP_HOSTILE_CANARY={SECRET}\n"  # a .env's secret, under a name no settings class reads
 
 
 @dataclass
@@ -42,6 +48,10 @@ class Host:
     canary_dir: Path
     canary: Path
     database: Path
+    project: Path
+    """a folder the sandbox shows read-only"""
+    workdir: Path
+    """the attacks' working directory (the service's), with a .env the sandbox must keep out of sight"""
     port: int
     unix_socket: Path
     abstract: str
@@ -53,7 +63,8 @@ class Host:
             "__CANARY__": str(self.canary),
             "__CANARY_DIR__": str(self.canary_dir),
             "__DATABASE__": str(self.database),
-            "__DOTENV__": str(REPO / ".env"),
+            "__DOTENV__": str(self.workdir / ".env"),
+            "__READ_ONLY__": str(self.project),
             "__PROJECT__": str(REPO),
             "__CACHE_DIR__": str(self.settings.cache_dir),
             "__SHIPPED_PROBLEM__": str(REPO / "reference_problems" / PROBLEM / "problem.py"),
@@ -89,6 +100,21 @@ def _serve(sock: socket.socket, seen: list[str], what: str) -> None:
         seen.append(what)
 
 
+def _reach_from_here(state: Host, sockets: dict[str, socket.socket]) -> None:
+    """Each of the host's sockets answers a client on the host: a refusal inside the sandbox is the sandbox's."""
+    socket.create_connection(("127.0.0.1", state.port), timeout=5).close()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.sendto(b"hello", ("127.0.0.1", state.port))
+    for address in (str(state.unix_socket), "\0" + state.abstract):
+        with socket.socket(socket.AF_UNIX) as unix:
+            unix.connect(address)
+    deadline = time.monotonic() + 10
+    while len(state.connections) < len(sockets) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(state.connections) == sorted(sockets), state.connections
+    state.connections.clear()
+
+
 @pytest.fixture(scope="module")
 def host(session_root: Path) -> Iterator[Host]:
     os.environ["KERNELLOOP_API_TOKEN"] = SECRET  # the service's secrets, in the process that starts workers
@@ -101,9 +127,19 @@ def host(session_root: Path) -> Iterator[Host]:
     canary_dir.mkdir()
     canary = canary_dir / "canary.txt"
     canary.write_text(f"outside every job: {SECRET}\n")
+    project = Path(f"/var/tmp/kl-project-{secrets.token_hex(4)}")
+    project.mkdir()
+    workdir = Path(f"/var/tmp/kl-workdir-{secrets.token_hex(4)}")
+    workdir.mkdir()
+    (workdir / ".env").write_text(DOTENV)
     settings = SandboxSettings(
-        data_dir=data_dir, build_cache_dir=data_dir / "build-cache", max_job_disk_bytes=64 << 20, compile_timeout_s=120
+        data_dir=data_dir,
+        build_cache_dir=data_dir / "build-cache",
+        sandbox_read_only_paths=[project],
+        max_job_disk_bytes=64 << 20,
+        compile_timeout_s=120,
     )
+    settings.cache_dir.mkdir(parents=True)
     tcp = socket.create_server(("127.0.0.1", 0))
     port = tcp.getsockname()[1]
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -116,125 +152,261 @@ def host(session_root: Path) -> Iterator[Host]:
     abstract = socket.socket(socket.AF_UNIX)
     abstract.bind("\0" + abstract_name)
     abstract.listen()
-    state = Host(settings, canary_dir, canary, database, port, unix_path, abstract_name)
+    state = Host(settings, canary_dir, canary, database, project, workdir, port, unix_path, abstract_name)
     tmp_marker = Path(state.placeholders()["__TMP_MARKER__"])
     tmp_marker.write_text("in the host's /tmp\n")
-    for sock, what in ((tcp, "tcp"), (udp, "udp"), (unix, "unix"), (abstract, "abstract")):
+    sockets = {"tcp": tcp, "udp": udp, "unix": unix, "abstract": abstract}
+    for what, sock in sockets.items():
         threading.Thread(target=_serve, args=(sock, state.connections, what), daemon=True).start()
+    _reach_from_here(state, sockets)
     before = (
         _tree_digest(canary_dir),
+        _tree_digest(project),
         _tree_digest(REPO / "reference_problems"),
         _tree_digest(VENV_SITE, "lib/*/site-packages/*"),
     )
     yield state
     after = (
         _tree_digest(canary_dir),
+        _tree_digest(project),
         _tree_digest(REPO / "reference_problems"),
         _tree_digest(VENV_SITE, "lib/*/site-packages/*"),
     )
-    for sock in (tcp, udp, unix, abstract):
+    for sock in sockets.values():
         sock.close()
     shutil.rmtree(canary_dir, ignore_errors=True)
+    shutil.rmtree(project, ignore_errors=True)
+    shutil.rmtree(workdir, ignore_errors=True)
     tmp_marker.unlink()
     del os.environ["KERNELLOOP_API_TOKEN"], os.environ["OPENAI_API_KEY"]
-    assert after == before, "a job changed the canary folder, the shipped problems or the virtualenv"
+    assert after == before, "a job changed the canary folder, the project, the shipped problems or the virtualenv"
 
 
-def _attack(host: Host, name: str) -> tuple[CompileResult, dict[str, str]]:
-    code = (HOSTILE / "prelude.py").read_text() + (HOSTILE / f"{name}.py").read_text()
+@dataclass
+class Attack:
+    result: CompileResult
+    reached: list[str]
+    """the attack's `ATTACK reached: ...` lines, in order"""
+    outcomes: dict[str, str]
+    """attempt name: "blocked: ERRNO: ...", "blocked: Refused: ...", "ERROR: ..." or "ESCAPED: ..." """
+
+
+def _attack(host: Host, name: str, code: str | None = None, *, workdir: Path | None = None) -> Attack:
+    if code is None:
+        code = (HOSTILE / "prelude.py").read_text() + (HOSTILE / f"{name}.py").read_text()
     for placeholder, value in host.placeholders().items():
         code = code.replace(placeholder, value)
     code += f"\n# run {secrets.token_hex(8)}\n"  # code compiled before gets its earlier verdict, without running
-    result = api.compile_kernel(PROBLEM, code, "cpu", settings=host.settings)
-    assert result.sandbox is not None and result.sandbox.isolation == "bubblewrap"
-    found = re.search(r"^ATTACK (.*)$", result.sandbox.stdout, re.M)
+    with contextlib.chdir(workdir or host.workdir):  # the service's working directory, whose .env the sandbox hides
+        result = api.compile_kernel(PROBLEM, code, "cpu", settings=host.settings)
+    assert result.sandbox is not None and result.sandbox.isolation == "bubblewrap", result.message
+    found = re.search(r"^ATTACK (\{.*)$", result.sandbox.stdout, re.M)
     outcomes = json.loads(found.group(1)) if found else {}
-    return result, outcomes
+    return Attack(result, re.findall(r"^ATTACK reached: (.*)$", result.sandbox.stdout, re.M), outcomes)
 
 
-def _contained(outcome: str) -> bool:
-    """Blocked, or a write that landed in the sandbox's own private folders (e.g. its /tmp, which holds the
-    project when the project lives under the host's /tmp) and not on the host."""
-    if outcome.startswith("blocked"):
-        return True
-    written = re.fullmatch(r"ESCAPED: '(/[^']+)'", outcome)
-    return written is not None and not Path(written.group(1)).exists()
+def _assert_reached(attack: Attack, *patterns: str) -> None:
+    """The attack got to each point of attack (a regular expression over its `reached` lines)."""
+    output = attack.result.sandbox.stdout[-2000:] if attack.result.sandbox else ""
+    for pattern in patterns:
+        assert any(re.fullmatch(pattern, line) for line in attack.reached), (
+            f"the attack never reached {pattern!r}: it failed before attacking",
+            attack.reached,
+            attack.result.message,
+            output,
+        )
 
 
-def _assert_nothing_escaped(host: Host, result: CompileResult, outcomes: dict[str, str]) -> None:
-    escaped = {name: outcome for name, outcome in outcomes.items() if not _contained(outcome)}
-    assert not escaped, escaped
-    assert SECRET not in result.model_dump_json(), "a secret came back in the result"
+def _assert_blocked(attack: Attack, expected: dict[str, str]) -> None:
+    """Every attempt, by name, blocked as expected: `expected` maps each attempt to the errno name (ENOENT, EPERM)
+    or `Refused: <words>` its outcome must start with. An attempt missing, escaped or failed on its own fails."""
+    assert sorted(attack.outcomes) == sorted(expected), (attack.outcomes, attack.result.message)
+    wrong = {
+        name: outcome
+        for name, outcome in attack.outcomes.items()
+        if not outcome.startswith(f"blocked: {expected[name]}") or SECRET in outcome
+    }
+    assert not wrong, {name: (f"expected blocked: {expected[name]}", wrong[name]) for name in wrong}
+
+
+def _assert_host_untouched(host: Host, attack: Attack) -> None:
+    assert SECRET not in attack.result.model_dump_json(), "a secret came back in the result"
     assert not host.connections, f"the host's sockets were reached: {host.connections}"
     assert host.canary.read_text() == f"outside every job: {SECRET}\n"
-
-
-@pytest.mark.parametrize(
-    "attack, expected",
-    [
-        ("capabilities", Status.passed),
-        ("read_secrets", Status.passed),
-        ("write_outside", Status.passed),
-        ("network", Status.passed),
-        # its parent is now the judge, which it may kill (same uid): the job fails, the service lives on
-        ("kill_parent", Status.runtime_error),
-    ],
-)
-def test_attack_is_contained(host: Host, attack: str, expected: Status) -> None:
-    result, outcomes = _attack(host, attack)
-
-    assert result.status == expected, (result.message, result.sandbox.stderr[-2000:] if result.sandbox else "")
-    assert outcomes, f"the attack did not report: {result.sandbox.stdout[-1000:] if result.sandbox else ''}"
-    _assert_nothing_escaped(host, result, outcomes)
     assert not Path(f"/dev/shm/kl-hostile-{host.port}").exists()
+
+
+# attack: (what it must reach, as regular expressions; per attempt, the errno or `Refused: ...` it must start with)
+CONTAINED = {
+    "capabilities": (
+        [r"uid \d+, effective capabilities 0+"],
+        {
+            "remount_root_rw": "EPERM",
+            "umount_proc": "EPERM",
+            "mount_proc": "EPERM",
+            "new_user_namespace": "Refused: unshare exited 1",
+            "ptrace_attach_init": "EPERM",
+            "write_root": "EROFS",
+        },
+    ),
+    "read_secrets": (
+        [
+            r"looked through [1-9]\d* variables of its own",
+            r"read [1-9]\d* of [1-9]\d* process environments",
+            r"listed a /tmp of \d+ entries",
+        ],
+        {
+            "own_environment": "Refused: not in its environment",
+            "other_processes": "Refused: none of the",
+            "database": "ENOENT",
+            "canary_file": "ENOENT",
+            "shadow": "ENOENT",
+            "dotenv": "ENOENT",  # the service's working directory is not in the sandbox's view
+            "host_tmp_listing": "Refused: a /tmp of its own",
+        },
+    ),
+    "write_outside": (
+        ["wrote a file in its own /dev/shm"],
+        {
+            "canary_folder": "ENOENT",
+            "project": "EROFS",
+            "virtualenv_pth": "EROFS",
+            "build_cache": "ENOENT",
+            "shipped_problem": "EROFS",
+            "read_only_folder": "EROFS",
+        },
+    ),
+    "network": (
+        [r"network interfaces \['lo'\]"],
+        {
+            "tcp_loopback": "ECONNREFUSED",
+            "udp_loopback": "ECONNREFUSED",
+            "unix_socket": "ENOENT",
+            "abstract_socket": "ECONNREFUSED",
+            "internet": "ENETUNREACH",
+        },
+    ),
+    # the judge: the runner's seccomp filter; the service: out of its pid namespace; -1: the filter again
+    "kill_parent": (
+        [r"found the judge, pid \d+"],
+        {"kill_judge": "EPERM", "kill_service_pid": "ESRCH", "kill_everything": "EPERM"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTAINED))
+def test_attack_is_contained(host: Host, name: str) -> None:
+    # what the attacks aim at exists outside the sandbox: a refusal in there is the sandbox's
+    files = [host.database, host.canary, Path("/etc/shadow"), host.workdir / ".env", host.unix_socket]
+    folders = [host.canary_dir, REPO, next(VENV_SITE.glob("lib/*/site-packages")), host.settings.cache_dir]
+    assert all(path.exists() for path in files) and all(path.is_dir() for path in [*folders, host.project])
+    steps, expected = CONTAINED[name]
+    attack = _attack(host, name)
+
+    _assert_reached(attack, *steps)
+    _assert_blocked(attack, expected)
+    assert attack.result.status == Status.passed, attack.result.message
+    _assert_host_untouched(host, attack)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=SandboxUnavailable,
+    reason="product bug: the start-up probe (tools/sandbox/launch.py, _prove) counts a .env hidden by an empty file "
+    "in its place as visible, so a service started in a folder the sandbox shows, with a .env, refuses every job",
+)
+def test_a_dotenv_in_a_folder_the_sandbox_shows_reads_empty(host: Host) -> None:
+    """The service started in the project's folder, which the sandbox shows read-only, beside its .env: the
+    sandbox puts an empty file in the .env's place. A data folder of its own, so that its start-up probe runs."""
+    (host.project / ".env").write_text(DOTENV)
+    settings = host.settings.model_copy(update={"data_dir": host.settings.data_dir.parent / "hostile-data-shown-env"})
+    try:
+        attack = _attack(
+            Host(**{**host.__dict__, "settings": settings, "workdir": host.project}),
+            "read_secrets",
+            workdir=host.project,
+        )
+    finally:
+        (host.project / ".env").unlink()
+
+    _assert_reached(attack, re.escape(f"opened {host.project / '.env'}"))
+    assert attack.outcomes.get("dotenv", "").startswith(f"blocked: Refused: {host.project / '.env'} reads as 0 bytes")
+    _assert_host_untouched(host, attack)
 
 
 @pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup", "counted"])
 def test_resource_bombs_stop_at_a_limit(host: Host, cgroups: bool) -> None:
     """With a pids cgroup (where the host allows one) the fork bomb meets EAGAIN and the job goes on to its
     memory and file bombs; without one (the GPU machine's containers) its processes are counted and the
-    job is ended. Either way it ends well before its timeout and leaves no process behind."""
-    settings = host.settings.model_copy(update={"job_cgroups": cgroups})
-    started = time.monotonic()
-    result, outcomes = _attack(Host(**{**host.__dict__, "settings": settings}), "bombs")
+    job is ended. Either way a limit ends it, not its timeout, and it leaves no process behind. The timeout is
+    long (a loaded 2-core machine forks 512 copies of a process that imported torch slowly) and the test asks the
+    sandbox's report whether the timeout or a limit ended the job, rather than a clock."""
+    settings = host.settings.model_copy(update={"job_cgroups": cgroups, "compile_timeout_s": 600})
+    attack = _attack(Host(**{**host.__dict__, "settings": settings}), "bombs")
 
-    assert time.monotonic() - started < 90, "the bombs ran to the timeout"
-    if result.sandbox is not None and result.sandbox.cgroup:
+    _assert_reached(attack, "forked its first child")
+    result = attack.result
+    assert result.sandbox is not None and not result.sandbox.timed_out, result.message
+    if result.sandbox.cgroup:
+        _assert_reached(attack, "asking for 30 GiB", "opened its first file")
+        _assert_blocked(attack, {"fork_bomb": "EAGAIN", "memory_bomb": "MemoryError", "fd_bomb": "EMFILE"})
         assert result.status == Status.passed, result.message
-        assert set(outcomes) == {"fork_bomb", "memory_bomb", "fd_bomb"}
     else:
+        assert result.sandbox.killed_for == f"more than {settings.max_processes} processes", result.sandbox
         assert result.status == Status.runtime_error and "processes" in result.message, result.message
-    _assert_nothing_escaped(host, result, outcomes)
+    _assert_host_untouched(host, attack)
 
 
 def test_cpp_include_of_host_files_shows_none_of_their_bytes(host: Host) -> None:
-    result, outcomes = _attack(host, "cpp_include")
+    attack = _attack(host, "cpp_include")
 
+    _assert_reached(attack, "handing the includes to the compiler")
+    result = attack.result
     assert result.status == Status.compile_error, result.message
-    assert "No such file" in result.log or "not found" in result.log.lower(), result.log[-2000:]
+    # the compiler got to the first include, the .env of the service's working directory, and found nothing there
+    # (it stops at the first missing file: read_secrets opens the others)
+    assert re.search(re.escape(f"{host.workdir / '.env'}: No such file"), result.log), result.log[-2000:]
     assert "root:" not in result.log and SECRET not in result.log
-    _assert_nothing_escaped(host, result, outcomes)
+    _assert_host_untouched(host, attack)
+
+
+def _processes_of(mark: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", f"sleep {mark}"], capture_output=True, text=True).stdout.split()
 
 
 def test_daemons_and_process_groups_do_not_outlive_the_job(host: Host) -> None:
     mark = host.placeholders()["__MARK__"]
-    result, outcomes = _attack(host, "daemons")
+    assert not _processes_of(mark)
+    attack = _attack(host, "daemons")
 
-    assert result.status == Status.passed, result.message
-    time.sleep(1)
-    left = subprocess.run(["pgrep", "-f", f"sleep {mark}"], capture_output=True, text=True).stdout.split()
+    _assert_reached(
+        attack,
+        "the double-forked daemon running",
+        "a child in a session of its own running",
+        "a child in a group of its own running",
+        "a plain child running",
+    )
+    _assert_blocked(attack, {"join_the_judges_group": "EPERM"})  # the runner's seccomp filter
+    assert attack.result.status == Status.passed, attack.result.message
+    # the job's end takes them all (the sandbox's pid namespace ends with it): awaited, not slept on
+    deadline = time.monotonic() + 30
+    while (left := _processes_of(mark)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not left, f"processes outlived their job: {left}"
-    _assert_nothing_escaped(host, result, outcomes)
+    _assert_host_untouched(host, attack)
 
 
 def test_disk_bomb_ends_as_sandbox_error_and_leaves_nothing(host: Host) -> None:
     code = (HOSTILE / "prelude.py").read_text() + (
+        "reached('filling its folder')\n"
         "for i in range(200):\n"
         "    with open(f'fill-{i}', 'wb') as handle:\n"
         "        handle.write(os.urandom(1 << 20))\n"
         "report()\n"
     )
-    result = api.compile_kernel(PROBLEM, code, "cpu", settings=host.settings)
+    attack = _attack(host, "disk_bomb", code)
 
-    assert result.status == Status.sandbox_error and "GiB in its folder" in result.message, result.message
+    _assert_reached(attack, "filling its folder")
+    assert attack.result.status == Status.sandbox_error, attack.result.message
+    assert "GiB in its folder" in attack.result.message, attack.result.message
     assert not any(host.settings.jobs_dir.iterdir()), "the job's folder was left behind"

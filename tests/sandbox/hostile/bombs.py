@@ -13,16 +13,20 @@ def fork_bomb():
             time.sleep(30)
             os._exit(0)
         children.append(pid)
+        if len(children) == 1:
+            reached("forked its first child")
     return f"{len(children)} processes"
 
 
 def memory_bomb():
-    block = bytearray(30 << 30)  # 30 GiB
+    reached("asking for 30 GiB")
+    block = bytearray(30 << 30)
     return f"{len(block)} bytes"
 
 
 def fd_bomb():
-    handles = []
+    handles = [open("/dev/null")]
+    reached("opened its first file")
     while len(handles) < 1000000:
         handles.append(open("/dev/null"))
     return f"{len(handles)} files"

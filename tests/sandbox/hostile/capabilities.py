@@ -1,4 +1,4 @@
-# Capability use: remount / read-write, unmount /proc, mount a new proc, a new user namespace, ptrace.
+# Capability use: remount / read-write, unmount /proc, mount a new proc, a new user namespace, ptrace, write /.
 import ctypes
 import subprocess
 
@@ -14,10 +14,13 @@ def syscall_ok(result):
 def run(argv):
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
-        raise PermissionError(done.stderr.strip()[:200])
+        raise Refused(f"{argv[0]} exited {done.returncode}: {done.stderr.strip()[:200]}")
     return done.stdout
 
 
+with open("/proc/self/status") as status:
+    fields = dict(line.split(":", 1) for line in status if ":" in line)
+reached(f"uid {os.getuid()}, effective capabilities {fields['CapEff'].strip()}")
 attempt("remount_root_rw", lambda: syscall_ok(libc.mount(b"none", b"/", None, 0x20 | 0x1000, None)))  # REMOUNT|BIND
 attempt("umount_proc", lambda: syscall_ok(libc.umount2(b"/proc", 2)))  # MNT_DETACH
 attempt("mount_proc", lambda: syscall_ok(libc.mount(b"proc", b"/tmp", b"proc", 0, None)))

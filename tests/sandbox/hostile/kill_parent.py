@@ -1,14 +1,12 @@
-# Killing the parent: the judge (its parent, which it may kill: the job then fails), the service by its pid,
-# everything it may signal (kill -1). The service must live on (the test checks): in its pid namespace it sees none.
+# Killing the parent: the judge (its parent, which the runner's seccomp filter keeps out of its reach), the
+# service by its pid (in its pid namespace it sees none), everything it may signal (kill -1).
 import signal
 
-try:
-    os.kill(os.getppid(), signal.SIGKILL)  # the judge: the verdict becomes a failure, never a pass
-except OSError:
-    pass
+judge = os.getppid()
+with open(f"/proc/{judge}/cmdline", "rb") as cmdline:
+    if b"kernelloop.tools.judge.worker" in cmdline.read():
+        reached(f"found the judge, pid {judge}")
+attempt("kill_judge", lambda: os.kill(judge, signal.SIGKILL) or "sent")
 attempt("kill_service_pid", lambda: os.kill(__SERVICE_PID__, signal.SIGKILL) or "sent")
+attempt("kill_everything", lambda: os.kill(-1, signal.SIGKILL) or "sent")
 report()
-try:
-    os.kill(-1, signal.SIGKILL)  # every process it may signal: in its namespace, none but itself
-except ProcessLookupError:
-    pass

@@ -1,4 +1,4 @@
-# The network: TCP and UDP to the host, a unix socket by path, an abstract unix socket.
+# The network: TCP and UDP to the host, a unix socket by path, an abstract unix socket, the internet.
 import socket
 
 
@@ -9,9 +9,10 @@ def tcp():
 
 def udp():
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.sendto(b"hello", ("127.0.0.1", __PORT__))
         s.settimeout(2)
-        return s.recvfrom(16)
+        s.connect(("127.0.0.1", __PORT__))  # connected: the port's refusal (ICMP) comes back as an error
+        s.send(b"hello")
+        return s.recv(16)
 
 
 def unix(address):
@@ -26,6 +27,7 @@ def outside():
     return "connected"
 
 
+reached(f"network interfaces {sorted(name for _, name in socket.if_nameindex())}")
 attempt("tcp_loopback", tcp)
 attempt("udp_loopback", udp)
 attempt("unix_socket", lambda: unix("__UNIX_SOCKET__"))
