@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from kernelloop.tools.build import header_cache, object_cache, toolchain
 from kernelloop.tools.results import Isolation, SandboxReport
 from kernelloop.tools.sandbox import seccomp, view
 from kernelloop.tools.sandbox.cgroups import JobCgroup
+from kernelloop.tools.sandbox.limits import Limits, LimitWatch
 from kernelloop.tools.sandbox.process_watch import ProcessWatch
 from kernelloop.tools.settings import SandboxSettings
 
@@ -159,17 +159,6 @@ def worker_argv(
         headers=headers,
         objects=objects,
     )
-
-
-def _limit_resources(cpu_seconds: int, memory_bytes: int | None, settings: SandboxSettings) -> None:
-    """Runs in the child between fork and exec: rlimits only, nothing that could deadlock."""
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (settings.max_file_bytes, settings.max_file_bytes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (settings.max_open_files, settings.max_open_files))
-    resource.setrlimit(resource.RLIMIT_NPROC, (settings.max_processes, settings.max_processes))
-    if memory_bytes is not None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
 
 class _CappedReader(threading.Thread):
@@ -305,19 +294,18 @@ class StartedWorker:
             else None
         )
         argv = prefix + [sys.executable, "-P", "-m", module, str(result_write)]
-        self.proc = self._spawn(argv, env, keep, int(cpu_limit_s), memory)
+        self.limits = Limits.for_worker(int(cpu_limit_s), memory, settings)
+        self.proc = self._spawn(argv, env, keep)
         for fd in keep:
             os.close(fd)
         self.readers = _drain_output(self.proc, settings.output_cap_bytes)
 
-    def _spawn(
-        self, argv: list[str], env: dict[str, str], keep: list[int], cpu_seconds: int, memory: int | None
-    ) -> subprocess.Popen[bytes]:
+    def _spawn(self, argv: list[str], env: dict[str, str], keep: list[int]) -> subprocess.Popen[bytes]:
         """Start the process in its own session, its limits set and its cgroup joined before exec."""
-        settings, cgroup = self.settings, self.cgroup
+        limits, cgroup = self.limits, self.cgroup
 
         def in_child() -> None:
-            _limit_resources(cpu_seconds, memory, settings)
+            limits.apply()
             if cgroup is not None:
                 cgroup.join()
 
@@ -345,7 +333,7 @@ class StartedWorker:
 
     def run(self, job_json: bytes, timeout_s: float, on_message: Callable[[bytes], None]) -> SandboxReport:
         """Hand the job over, wait at most `timeout_s` from now, and report how the process ended."""
-        settings, proc = self.settings, self.proc
+        proc = self.proc
         started = time.monotonic()
         messages = _MessageReader(self.result_read, on_message)
         messages.start()
@@ -353,7 +341,8 @@ class StartedWorker:
         feeder = threading.Thread(target=_feed, args=(proc, job_json), daemon=True)
         feeder.start()
         watch = ProcessWatch(proc.pid) if self.isolation == "bubblewrap" and self.cgroup is None else None
-        timed_out, too_many = _wait(proc, started + timeout_s, watch, settings.max_processes)
+        limits = LimitWatch(self.settings, self.cgroup, self.job_dir, watch)
+        timed_out, killed_for = _wait(proc, started + timeout_s, limits)
         capped_by_cgroup = self.cgroup is not None
         self.discard()
         for thread in (*self.readers, messages, feeder):
@@ -371,7 +360,9 @@ class StartedWorker:
             stderr=self.readers[1].text(),
             output_truncated=self.readers[0].truncated or self.readers[1].truncated,
             cgroup=capped_by_cgroup,
-            killed_for=f"more than {settings.max_processes} processes" if too_many else None,
+            killed_for=killed_for,
+            limits=self.limits.values,
+            limits_lowered=list(self.limits.lowered),
         )
 
     def discard(self) -> None:
@@ -415,7 +406,7 @@ def run_command(
             timeout=timeout_s,
             pass_fds=(seccomp_read,),
             start_new_session=True,
-            preexec_fn=lambda: _limit_resources(int(cpu_limit(timeout_s)), settings.max_memory_bytes, settings),
+            preexec_fn=Limits.for_worker(int(cpu_limit(timeout_s)), settings.max_memory_bytes, settings).apply,
         )
     finally:
         os.close(seccomp_read)
@@ -433,21 +424,17 @@ def cpu_limit(timeout_s: float) -> float:
     return timeout_s * 4 + 60
 
 
-def _wait(
-    proc: subprocess.Popen[bytes], deadline: float, watch: ProcessWatch | None, max_processes: int
-) -> tuple[bool, bool]:
-    """Wait for the worker until `deadline`; (timed out, killed for too many processes). Without a pids
-    cgroup the job's processes are counted a few times a second, and the job ends when they pass the cap.
-    The worker is left unreaped (see `_exited`), so its group can still be killed by its number."""
-    checks = 0
+def _wait(proc: subprocess.Popen[bytes], deadline: float, limits: LimitWatch) -> tuple[bool, str | None]:
+    """Wait for the worker until `deadline`; (timed out, why it was ended early). The worker is left unreaped
+    (see `_exited`), so its group can still be killed by its number."""
     while not _exited(proc):
         if time.monotonic() >= deadline:
-            return True, False
-        checks += 1
-        if watch is not None and checks % 4 == 0 and watch.count() > max_processes:
-            return False, True
+            return True, None
+        exceeded = limits.exceeded()
+        if exceeded is not None:
+            return False, exceeded
         time.sleep(0.05)
-    return False, False
+    return False, None
 
 
 def _exited(proc: subprocess.Popen[bytes]) -> bool:

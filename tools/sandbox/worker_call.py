@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from kernelloop.tools.build import header_cache, object_cache, toolchain
 from kernelloop.tools.results import SandboxReport
 from kernelloop.tools.sandbox import launch
+from kernelloop.tools.sandbox.limits import folder_bytes
 from kernelloop.tools.sandbox.worker_pool import Spare, SpareKind, WorkerPool
 from kernelloop.tools.settings import SandboxSettings
 
@@ -104,7 +105,7 @@ def call_worker(
             raise
         report = worker.run(job, timeout_s, on_message)
         report.prestarted = spare is not None
-        disk_bytes = _disk_bytes(path)
+        disk_bytes = folder_bytes(path)
         if on_finish is not None:
             on_finish(folder, disk_bytes)
     finally:
@@ -145,14 +146,3 @@ def _spare(module: str, settings: SandboxSettings, read_only: list[Path]) -> Spa
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
-
-
-def _disk_bytes(path: Path) -> int:
-    total = 0
-    for item in path.rglob("*"):
-        try:
-            if item.is_file() and not item.is_symlink():
-                total += item.lstat().st_size
-        except OSError:
-            continue
-    return total

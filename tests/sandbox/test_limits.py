@@ -1,0 +1,109 @@
+"""The sandbox's limits while a job runs: a fork bomb ends its job within seconds of the process cap, a job that
+fills its folder is stopped while it writes, and a service started under a lower hard limit than ours still runs
+jobs, its result saying which limit was in force."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM
+
+from kernelloop.tools import api
+from kernelloop.tools.results import Status
+
+FORK_BOMB = """
+import os, sys, time
+print("ATTACK forking", file=sys.stderr, flush=True)
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(120)
+            os._exit(0)
+    except OSError:
+        time.sleep(0.01)  # at the cap: keep knocking
+"""
+FILL_THE_FOLDER = """
+import os, sys, time
+print(f"ATTACK filling {os.getcwd()}", file=sys.stderr, flush=True)
+chunk = os.urandom(8 << 20)
+for index in range(512):  # 4 GiB in all, 8 MiB at a time
+    with open(f"fill-{index}", "wb") as out:
+        out.write(chunk)
+    time.sleep(0.02)
+"""
+
+
+def _with_prelude(prelude: str) -> str:
+    return prelude + "\n" + CPU_EXAMPLE
+
+
+@pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup", "counted"])
+def test_a_fork_bomb_ends_its_job_within_seconds(kl, cgroups):
+    """With a pids cgroup the first fork it refuses ends the job; without one, the count passing the cap does.
+    Either way it must not hold its lane until the phase's wall-clock limit (minutes). The cap is lowered to 96
+    (threads count too): a fork of a process that has imported torch takes tens of milliseconds on a loaded
+    2-core machine, and reaching the default 512 alone would take most of the 30 s."""
+    settings = kl.settings.model_copy(update={"job_cgroups": cgroups, "max_processes": 96})
+    started = time.monotonic()
+    result = api.run_tests(PROBLEM, _with_prelude(FORK_BOMB), "cpu", ONE_CHECK, settings)
+    elapsed = time.monotonic() - started
+
+    assert result.sandbox is not None and "ATTACK forking" in result.sandbox.stderr, result.sandbox
+    assert result.status == Status.runtime_error, (result.status, result.message)
+    assert f"more than {settings.max_processes} processes" in result.message, result.message
+    assert elapsed < 30, f"the fork bomb held its lane for {elapsed:.0f} s"
+
+
+def test_a_job_that_fills_its_folder_is_stopped_while_it_writes(kl):
+    """64 MiB allowed; the candidate writes 4 GiB at about 400 MB/s. Measured once a second, the job must end
+    within a few seconds, long before it would have finished on its own (10 s and more)."""
+    settings = kl.settings.model_copy(update={"max_job_disk_bytes": 64 << 20})
+    started = time.monotonic()
+    result = api.compile_kernel(PROBLEM, _with_prelude(FILL_THE_FOLDER), "cpu", settings=settings)
+    elapsed = time.monotonic() - started
+
+    assert result.sandbox is not None
+    assert "ATTACK filling" in result.log, result.log[-2000:]
+    assert result.sandbox.killed_for is not None and "written to its folder" in result.sandbox.killed_for
+    assert result.status in (Status.runtime_error, Status.sandbox_error), (result.status, result.message)
+    assert elapsed < 8, f"the job wrote for {elapsed:.1f} s"
+
+
+def _lower_hard_address_space(limit: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def test_a_job_runs_under_a_lower_inherited_hard_memory_limit(kl):
+    """`ulimit -v` below the default: the worker's limit is clamped to it, and the result says so."""
+    limit = kl.settings.max_memory_bytes - (1 << 30)
+    script = (
+        "import sys\n"
+        "from kernelloop.tools import api\n"
+        "from kernelloop.tools.jobs import EvalOptions\n"
+        "from kernelloop.tools.settings import SandboxSettings\n"
+        "settings = SandboxSettings.model_validate_json(sys.argv[1])\n"
+        "options = EvalOptions(shapes=['small'], seeds=1)\n"
+        "result = api.run_tests(sys.argv[2], sys.stdin.read(), 'cpu', options, settings)\n"
+        "print(result.model_dump_json())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, kl.settings.model_dump_json(), PROBLEM],
+        input=CPU_EXAMPLE,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: _lower_hard_address_space(limit),
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert result["status"] == "passed", result["message"]
+    assert result["sandbox"]["limits"]["RLIMIT_AS"] == limit
+    assert result["sandbox"]["limits_lowered"] == ["RLIMIT_AS"]
