@@ -36,6 +36,14 @@ class EvalOptions(BaseModel):
         description="KernelBench's precision option: the inputs and both models cast to it, the tolerance fitted to "
         "it; default: the problem's own dtype, nothing cast",
     )
+    seed: int | None = Field(
+        None,
+        ge=0,
+        lt=2**31,
+        description="pin the judge's seeds, to rerun a failure: every input set and model is then drawn from this "
+        "seed counted up, in order; default: a fresh seed from the operating system for each, which the candidate "
+        "never learns",
+    )
     timeout_s: float | None = Field(
         None, gt=0, le=3600, description="wall-clock limit of the worker; default per phase"
     )

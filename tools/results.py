@@ -216,6 +216,14 @@ class ShapeBenchmark(BaseModel):
     memory_floor_ms: float | None = None
     fraction_of_floor: float | None = Field(None, description="floor_ms / candidate median")
     outputs_checked: int = Field(0, description="timed calls whose output the judge checked: all of them")
+    seeds: list[int] = Field(
+        [],
+        description="the seed the models were built under, then the first input sets' seeds (the problem's "
+        "get_inputs() under each); `--seed` with the first pins them all for a rerun",
+    )
+    input_sets: str = Field(
+        "", description="how the timed rounds got their inputs: a fresh draw each round, or a pool visited at random"
+    )
     envelope: Timing | None = Field(
         None, description="the judge's wall clock around each timed call of the candidate, less envelope_overhead_ms"
     )

@@ -124,6 +124,7 @@ def _run_tool(args: argparse.Namespace) -> int:
     options = EvalOptions(
         shapes=args.shapes,
         seeds=args.seeds,
+        seed=args.seed,
         compare_torch_compile=args.torch_compile,
         time_budget_s=args.time_budget,
         timeout_s=args.timeout,
@@ -162,6 +163,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--json", action="store_true", help="print the full result as JSON")
         p.add_argument("--shapes", nargs="+", help="only these shape names")
         p.add_argument("--seeds", type=int, default=3, help="random input sets per correctness shape (test)")
+        p.add_argument("--seed", type=int, help="pin the judge's seeds to rerun a failure (a result lists its seeds)")
         p.add_argument("--torch-compile", action="store_true", help="also time torch.compile(Model) (bench)")
         p.add_argument("--time-budget", type=float, default=2.0, help="seconds of timing per shape (bench)")
         p.add_argument("--timeout", type=float, help="wall-clock limit of the worker, seconds")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import secrets
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from kernelloop.tools.datasheet import DevicePeaks
 from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.judge import checking, devices, timing
 from kernelloop.tools.judge.compiling import load, start
+from kernelloop.tools.judge.inputs import CHEAP_DRAW_S, Redraws, copy_into
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.judge.session import (
     Fail,
@@ -29,13 +29,13 @@ from kernelloop.tools.judge.session import (
     Session,
     answered,
     as_failure,
-    draw_inputs,
     forbidden_message,
     free_device_memory,
     harness_failure,
     mutated,
     poison,
     prepare,
+    redraws,
     reference_model,
     selected,
     set_precision_policy,
@@ -148,31 +148,47 @@ def _timed_output_off(got: torch.Tensor, want: torch.Tensor, policy: TolerancePo
     return f"{error:.3g} x max|reference| (tolerance {2 * policy.max_rel_error:g})"
 
 
-def _shape_inputs(
-    session: Session, shape: ShapeSpec, seed: int
-) -> tuple[torch.nn.Module, list[list[Any]], list[torch.Tensor]]:
-    """The judge's reference for a shape, two input sets, and the reference's output on the first."""
+SEEDS_KEPT = 8
+"""a benchmark keeps the first input sets' seeds in its result, not one per round"""
+
+
+@dataclass
+class _ShapeSetup:
+    """The judge's side of one shape's timing: its reference (built under `model_seed`, which the runner is
+    told), the redraws of its inputs, two input sets drawn from them, and the reference's output on the first."""
+
+    reference: torch.nn.Module
+    model_seed: int
+    redraws: Redraws
+    input_sets: list[list[Any]]
+    outputs: list[torch.Tensor]
+
+
+def _shape_setup(session: Session, shape: ShapeSpec) -> _ShapeSetup:
+    model_seed = session.seeds.model_seed(session.seeds.draw())
     try:
-        torch.manual_seed(seed)
+        torch.manual_seed(model_seed)
         reference = reference_model(session, shape)
-        input_sets = [draw_inputs(session, shape, seed + i) for i in range(2)]
+        drawn = redraws(session, shape)
+        input_sets = [drawn.first_set(), drawn.next_set()]
+        if drawn.pooled:  # the two sets must not share storage: each has its own shared buffers
+            input_sets[1] = candidate.clone_inputs(input_sets[1])
         with torch.no_grad():
             outputs = checking.flatten_outputs(reference(*input_sets[0])) or []
     except Exception as exc:
         raise Fail(Status.sandbox_error, harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
     if not outputs:
         raise Fail(Status.sandbox_error, f"the reference's forward for shape {shape.name} returned no tensor")
-    return reference, input_sets, outputs
+    return _ShapeSetup(reference, model_seed, drawn, input_sets, outputs)
 
 
 def _calibrate(session: Session, shape: ShapeSpec) -> float:
     """The envelope's fixed cost for this shape: the judge's wall time around a timed call, less the time
     the runner reports, measured on the reference in the runner before any candidate code was imported."""
     clock = timing.Clock(session.device)
-    seed = secrets.randbelow(2**31)
-    reference, input_sets, outputs = _shape_inputs(session, shape, seed)
-    shared = share(session.device, reference, input_sets, outputs, n_slots=len(input_sets))
-    prepare(session, "reference", shape, seed, shared)
+    setup = _shape_setup(session, shape)
+    shared = share(session.device, setup.reference, setup.input_sets, setup.outputs, n_slots=len(setup.input_sets))
+    prepare(session, "reference", shape, setup.model_seed, shared)
     gaps = []
     for i in range(CALIBRATION_CALLS):
         clock.clear()
@@ -194,21 +210,22 @@ class _Tally:
 
 class _ShapeTiming:
     """The rounds of one shape's timing and what they share: the judge's reference and its private input sets,
-    the buffers shared with the candidate, the generator that redraws the inputs before each round, the
-    reference's outputs the round's candidate outputs are checked against, and the tally of reported times and
-    envelopes. Setting it up shares the buffers and prepares the candidate in the runner."""
+    the buffers shared with the candidate, the redraws that give each round its inputs (the problem's own
+    `get_inputs()`, under seeds the candidate never learns), the reference's outputs the round's candidate outputs
+    are checked against, and the tally of reported times and envelopes. Setting it up shares the buffers and
+    prepares the candidate in the runner."""
 
     def __init__(self, session: Session, clock: timing.Clock, shape: ShapeSpec, overhead_ms: float):
         self.session, self.clock, self.overhead_ms = session, clock, overhead_ms
-        seed = secrets.randbelow(2**31)
-        self.reference, self.private_sets, outputs = _shape_inputs(session, shape, seed)
+        setup = _shape_setup(session, shape)
+        self.reference, self.private_sets, self.redraws = setup.reference, setup.input_sets, setup.redraws
         n_sets = len(self.private_sets)
-        self.shared = share(session.device, self.reference, self.private_sets, outputs, n_slots=n_sets)
-        prepare(session, "candidate", shape, seed, self.shared)
+        self.shared = share(session.device, self.reference, self.private_sets, setup.outputs, n_slots=n_sets)
+        prepare(session, "candidate", shape, setup.model_seed, self.shared)
+        self.model_seed = setup.model_seed
         self.trusted: dict[str, torch.nn.Module | Callable[..., Any]] = {"reference": self.reference}
         if session.step.options.compare_torch_compile:
             self.trusted["compiled_reference"] = torch.compile(self.reference)
-        self.generator = torch.Generator(device=session.device).manual_seed(seed)
         self.expected: dict[int, list[torch.Tensor]] = {}
         """the reference's outputs on each input set, from this round's trusted call"""
         self.tally = _Tally()
@@ -233,8 +250,13 @@ class _ShapeTiming:
         )
 
     def redraw(self, set_index: int) -> None:
-        """Fresh values in input set `set_index`, copied into the shared buffers, and its output slots poisoned."""
-        candidate.refresh_inputs(self.private_sets[set_index], self.generator)
+        """The next values of input set `set_index` (a fresh draw, or a pool's set picked at random), copied into
+        the judge's private set and the shared buffers, and its output slots poisoned."""
+        try:
+            values = self.redraws.next_set()
+        except Exception as exc:  # the problem's get_inputs(), run again: its failure is the problem's
+            raise Fail(Status.sandbox_error, harness_failure("drawing a timed input set failed", exc)) from exc
+        copy_into(self.private_sets[set_index], values)
         for view, x in zip(self.shared.input_views[set_index], self.private_sets[set_index]):
             if view is not None:
                 view.copy_(x)
@@ -242,8 +264,14 @@ class _ShapeTiming:
         synchronize(self.session.device)
 
     def time_trusted(self, name: str, set_index: int) -> float:
-        with torch.no_grad():
-            elapsed, out = self.clock.time(lambda: self.trusted[name](*self.private_sets[set_index]))
+        """One sample of a subject the judge times itself, every process of the candidate's stopped meanwhile."""
+        freezer = self.session.link.freezer
+        freezer.freeze()
+        try:
+            with torch.no_grad():
+                elapsed, out = self.clock.time(lambda: self.trusted[name](*self.private_sets[set_index]))
+        finally:
+            freezer.thaw()
         if name == "reference":
             self.expected[set_index] = checking.flatten_outputs(out) or []
             self.reference_s = elapsed / 1e3
@@ -294,6 +322,14 @@ def _benchmark_one(
         raise Fail(Status.forbidden_op, forbidden_message(forbidden))
     stats = {name: timing.summarize(s) for name, s in samples.items()}
     entry = _entry(shape, stats, timed.tally, overhead_ms)
+    entry.seeds = [timed.model_seed, *timed.redraws.drawn_seeds[:SEEDS_KEPT]]
+    drawn = timed.redraws
+    entry.input_sets = (
+        f"a pool of {len(drawn.pool)} sets drawn before timing (get_inputs() took over {CHEAP_DRAW_S * 1e3:.0f} ms), "
+        "one picked at random each round"
+        if drawn.pooled
+        else f"a fresh draw of get_inputs() before each round ({len(drawn.drawn_seeds)} in all)"
+    )
     cand = stats["candidate"]
     entry.memory_floor_ms, entry.floor_ms = devices.floors(peaks, shape.flops, shape.bytes, session.policy.allow_tf32)
     if entry.floor_ms and cand.median_ms > 0:

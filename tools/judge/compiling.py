@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from kernelloop.tools.jobs import WorkerJob
+from kernelloop.tools.judge.inputs import SeedSource
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.judge.session import DTYPES, Report, Session, device_of, stopwatch
 from kernelloop.tools.problems import import_problem_module, job_dtype, verdict_policy
@@ -59,7 +60,7 @@ def start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileResu
     session = Session(
         job, link, report, device, problem_module, DTYPES.get(job_dtype(step.problem, precision), torch.float32),
         verdict_policy(step.problem, step.options.policy, precision), cast=precision is not None,
-        launch_overhead_ms=started.launch_overhead_ms,
+        launch_overhead_ms=started.launch_overhead_ms, seeds=SeedSource(step.options.seed),
     )  # fmt: skip
     return result, session
 

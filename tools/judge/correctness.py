@@ -9,7 +9,6 @@ a status with a message that names the shape, the seed, the element and the valu
 from __future__ import annotations
 
 import copy
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +71,7 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
     set_precision_policy(session.policy)
     trials = max(step.options.seeds, session.policy.min_trials)
     for shape in selected(step.problem.correctness_shapes(step.backend), step.options.shapes):
-        for seed in [secrets.randbelow(2**31) for _ in range(trials)]:
+        for seed in [session.seeds.draw() for _ in range(trials)]:
             result.message = f"checking shape {shape.name}, seed {seed}"
             report(result)  # should the judge die in this check, the caller can name the shape
             check = _checked(session, shape, seed, result)
@@ -145,7 +144,7 @@ def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult
         raise Fail(Status.sandbox_error, expected.truth_error)
     with stopwatch(result, "checks.share"):
         shared = share(device, reference, [inputs], reference_out, n_slots=2)
-        prepared = prepare(session, "candidate", shape, seed, shared)
+        prepared = prepare(session, "candidate", shape, expected.model_seed, shared)
     if not result.parameter_mapping:
         result.parameter_mapping = prepared.parameter_mapping
     outputs = []
@@ -228,16 +227,19 @@ class _Expected:
     mode_matters: bool
     """the reference's output changes with its mode (batch norm, dropout): the other policy's verdict would need
     runs of its own, so it is not given"""
+    model_seed: int
+    """the seed both models were built under (the runner is told it; the inputs' seed it never hears of)"""
 
 
 def _expected(session: Session, shape: ShapeSpec, seed: int) -> _Expected:
     """Build the reference, draw the inputs, run it, and compute the float64 truth. A failure here is the
     judge's (the problem's, or the machine's), never the kernel's: `sandbox_error`, saying what to change."""
     device, policy = session.device, session.policy
+    model_seed = session.seeds.model_seed(seed)
     try:
-        torch.manual_seed(seed)
+        torch.manual_seed(model_seed)
         reference = reference_model(session, shape)
-        inputs = draw_inputs(session, shape, seed)
+        inputs = draw_inputs(session, shape, seed)  # reseeds: nothing drawn before says what these hold
         with torch.no_grad():
             started = time.perf_counter()
             outputs = checking.flatten_outputs(reference(*candidate.clone_inputs(inputs))) or []
@@ -251,7 +253,7 @@ def _expected(session: Session, shape: ShapeSpec, seed: int) -> _Expected:
         raise Fail(Status.sandbox_error, harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
     truth, truth_error = None, ""
     if policy.name == "kernelbench" and (shape.check_bytes() or 0) > OTHER_VERDICT_MAX_CHECK_BYTES:
-        return _Expected(reference, inputs, outputs, seconds, None, "", mode_matters)  # the other verdict: not cheap
+        return _Expected(reference, inputs, outputs, seconds, None, "", mode_matters, model_seed)  # not cheap
     try:
         with torch.no_grad():
             reference64 = copy.deepcopy(reference).double()
@@ -263,4 +265,4 @@ def _expected(session: Session, shape: ShapeSpec, seed: int) -> _Expected:
             f"the float64 truth of shape {shape.name} could not be computed", exc, "--policy kernelbench (which "
             "compares against the reference in its own precision) judges this problem without it"
         )  # fmt: skip
-    return _Expected(reference, inputs, outputs, seconds, truth, truth_error, mode_matters)
+    return _Expected(reference, inputs, outputs, seconds, truth, truth_error, mode_matters, model_seed)

@@ -40,6 +40,7 @@ def _measure_reference(module: ModuleType, shape: ShapeSpec, dtype: str) -> None
     import torch
 
     from kernelloop.tools.judge import checking
+    from kernelloop.tools.judge.inputs import draw_inputs
     from kernelloop.tools.runner import candidate
 
     if shape.input_bytes is None or shape.input_bytes + (shape.output_bytes or 0) > REFERENCE_CHECK_MAX_BYTES:
@@ -47,7 +48,7 @@ def _measure_reference(module: ModuleType, shape: ShapeSpec, dtype: str) -> None
     try:
         torch.manual_seed(0)
         model = module.Model(*shape.init_inputs)
-        inputs = candidate.make_inputs(module, shape, getattr(torch, dtype, torch.float32), torch.device("cpu"), 0)
+        inputs = draw_inputs(module, shape, getattr(torch, dtype, torch.float32), torch.device("cpu"), 0)
         with torch.no_grad():
             started = time.perf_counter()
             outputs = checking.flatten_outputs(model(*candidate.clone_inputs(inputs))) or []

@@ -23,6 +23,8 @@ import torch
 
 from kernelloop.tools.jobs import Step, WorkerJob
 from kernelloop.tools.judge import checking
+from kernelloop.tools.judge import inputs as problem_inputs
+from kernelloop.tools.judge.inputs import SeedSource
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import PhaseResult, Status, TolerancePolicy
@@ -80,6 +82,8 @@ class Session:
     launch_overhead_ms: float = 0.0
     calls_made: int = 0
     ops: set[str] = field(default_factory=set)
+    seeds: SeedSource = field(default_factory=SeedSource)
+    """every seed the judge draws (inputs, the models' initialization); never one the runner hears of for inputs"""
 
     @property
     def step(self) -> Step:
@@ -194,7 +198,16 @@ def reference_model(session: Session, shape: ShapeSpec) -> torch.nn.Module:
 
 
 def draw_inputs(session: Session, shape: ShapeSpec, seed: int) -> list[Any]:
-    return candidate.make_inputs(session.problem_module, shape, session.dtype, session.device, seed, cast=session.cast)
+    return problem_inputs.draw_inputs(
+        session.problem_module, shape, session.dtype, session.device, seed, cast=session.cast
+    )
+
+
+def redraws(session: Session, shape: ShapeSpec) -> problem_inputs.Redraws:
+    """The input sets of one shape's timed rounds, drawn as the problem draws them, under the session's seeds."""
+    return problem_inputs.Redraws(
+        session.problem_module, shape, session.dtype, session.device, session.cast, session.seeds
+    )
 
 
 # ---- the buffers shared with the runner ---------------------------------------------------------------------
@@ -251,12 +264,14 @@ def share(
 
 
 def prepare(
-    session: Session, model: Literal["candidate", "reference"], shape: ShapeSpec, seed: int, shared: Shared
+    session: Session, model: Literal["candidate", "reference"], shape: ShapeSpec, init_seed: int, shared: Shared
 ) -> Prepared:
+    """Build `model` in the runner under `init_seed` (the seed the judge built its reference under), with the
+    judge's parameters and the shared buffers."""
     request = Prepare(
         model=model,
         shape=shape,
-        seed=seed,
+        init_seed=init_seed,
         parameters=shared.parameters,
         input_sets=shared.input_sets,
         output_slots=shared.slots,

@@ -14,8 +14,6 @@ from typing import Any
 
 import torch
 
-from kernelloop.tools.problems import ShapeSpec
-
 SUBMISSION_MODULE = "submission"
 
 
@@ -77,32 +75,5 @@ def state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def make_inputs(
-    problem_module: ModuleType,
-    shape: ShapeSpec,
-    dtype: torch.dtype,
-    device: torch.device,
-    seed: int,
-    *,
-    cast: bool = False,
-) -> list[Any]:
-    """Fresh random inputs for one shape: randn of the declared sizes, drawn on the device, or the
-    file's own get_inputs() under the seed for a plain KernelBench problem (its floating inputs cast to `dtype`
-    with `cast`, as KernelBench's precision option does)."""
-    if shape.input_shapes is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
-        return [torch.randn(size, generator=generator, dtype=dtype, device=device) for size in shape.input_shapes]
-    torch.manual_seed(seed)
-    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in problem_module.get_inputs()]
-    return [x.to(dtype) if cast and isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-
-
 def clone_inputs(inputs: list[Any]) -> list[Any]:
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-def refresh_inputs(inputs: list[Any], generator: torch.Generator) -> None:
-    """New random values in place: same pointers, different contents (defeats caching by pointer)."""
-    for x in inputs:
-        if isinstance(x, torch.Tensor) and x.is_floating_point():
-            x.normal_(generator=generator)

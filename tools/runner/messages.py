@@ -61,7 +61,7 @@ class Prepare(BaseModel):
     kind: Literal["prepare"] = "prepare"
     model: Literal["candidate", "reference"]
     shape: ShapeSpec
-    seed: int
+    init_seed: int = Field(description="the seed both models are built under; no input is ever drawn from it")
     parameters: dict[str, SharedTensor]
     input_sets: list[list[Argument]]
     output_slots: list[list[SharedTensor]]

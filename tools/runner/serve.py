@@ -206,7 +206,7 @@ class Runner:
     def prepare(self, request: Prepare, fds: list[int]) -> Prepared:
         assert self.problem_module is not None
         self.model = self.input_sets = self.output_slots = None  # type: ignore[assignment]
-        torch.manual_seed(request.seed)
+        torch.manual_seed(request.init_seed)
         cast = getattr(torch, request.cast_to) if request.cast_to else None
         layout = _in_mode(
             _placed(self.problem_module.Model(*request.shape.init_inputs), self.device, cast), request.training_mode
@@ -222,7 +222,7 @@ class Runner:
         else:
             assert self.model_new is not None
             try:
-                torch.manual_seed(request.seed)
+                torch.manual_seed(request.init_seed)
                 built = _placed(self.model_new(*request.shape.init_inputs), self.device, cast)
                 self.model = _in_mode(built, request.training_mode)
                 mapping = candidate.copy_parameters(layout, self.model)
