@@ -1,0 +1,102 @@
+"""The null suite: every KernelBench problem judged with its own reference as the kernel, to show the harness is
+general. Each solution is the problem file itself with `Model` renamed `ModelNew`, so every problem that fits the
+device should register, pass `test` and benchmark at about 1.0x (the reference against itself); anything else is
+the harness's failure, or a property of the problem (too large, nondeterministic) that the table names.
+
+    python scripts/null_suite.py KERNELBENCH_DIR WORK_DIR [--levels level1 level2 level3] [--per-level N]
+                                 [--time-budget S] [--backend cuda]
+
+KERNELBENCH_DIR holds KernelBench's level folders (`KernelBench/` in its repository). WORK_DIR receives the null
+solutions, the data folder of the embedded service and `suite.json`; the table (per level: registered, passed,
+median and worst |speedup - 1|, wall time) and every exception with its reason are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kernelloop.tools.problems import problem_files
+
+SPEEDUP_BAND = (0.9, 1.1)
+
+
+def null_solution(problem_source: str) -> str:
+    """The problem's own code as the candidate: every `Model` (class, super() calls) renamed `ModelNew`."""
+    return re.sub(r"\bModel\b", "ModelNew", problem_source)
+
+
+def write_solutions(kernelbench: Path, work: Path, levels: list[str], per_level: int | None) -> Path:
+    """The chosen problems under WORK/problems/LEVEL and their null solutions under WORK/solutions/LEVEL."""
+    for level in levels:
+        files = problem_files(kernelbench / level)[:per_level]
+        for folder in ("problems", "solutions"):
+            (work / folder / level).mkdir(parents=True, exist_ok=True)
+        for path in files:
+            source = path.read_text()
+            (work / "problems" / level / path.name).write_text(source)
+            (work / "solutions" / level / path.name).write_text(null_solution(source))
+    return work / "problems"
+
+
+def table(suite: dict, wall_s: float, left_out: list[str]) -> str:
+    """Per level: entries, passed test and benchmark, median and worst |speedup - 1|; then the exceptions."""
+    lines = [f"{'level':8} {'entries':>7} {'passed':>6} {'in band':>7} {'median |s-1|':>12} {'worst |s-1|':>11}"]
+    exceptions = []
+    by_level: dict[str, list[dict]] = {}
+    for entry in suite["entries"]:
+        by_level.setdefault(entry["level"], []).append(entry)
+    for level, entries in sorted(by_level.items()):
+        passed = [e for e in entries if e["correct"] and e["speedup"] is not None]
+        deviations = [abs(e["speedup"] - 1) for e in passed]
+        in_band = [e for e in passed if SPEEDUP_BAND[0] <= e["speedup"] <= SPEEDUP_BAND[1]]
+        median = f"{statistics.median(deviations):.3f}" if deviations else "-"
+        worst = f"{max(deviations):.3f}" if deviations else "-"
+        lines.append(f"{level:8} {len(entries):>7} {len(passed):>6} {len(in_band):>7} {median:>12} {worst:>11}")
+        for e in entries:
+            if e not in in_band:
+                speedup = f"{e['speedup']:.3f}x" if e["speedup"] is not None else "no speedup"
+                exceptions.append(f"  {level}/{e['problem']}: {e['status']}, {speedup}: {(e['message'] or '')[:160]}")
+    lines.append(f"wall time {wall_s:.0f} s")
+    if exceptions or left_out:
+        lines.append("exceptions:")
+        lines.extend(exceptions)
+        lines.extend(f"  left out: {line}" for line in left_out)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kernelbench", type=Path, help="the folder holding KernelBench's level folders")
+    parser.add_argument("work", type=Path, help="where the solutions, the data folder and suite.json go")
+    parser.add_argument("--levels", nargs="+", default=["level1", "level2", "level3"])
+    parser.add_argument("--per-level", type=int, help="the first N problems of each level (default: all)")
+    parser.add_argument("--time-budget", type=float, default=0.5, help="seconds of timing per benchmark shape")
+    parser.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
+    args = parser.parse_args()
+    problems = write_solutions(args.kernelbench, args.work, args.levels, args.per_level)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelloop", "suite", str(problems), str(args.work / "solutions"), "--json",
+         "--backend", args.backend, "--time-budget", str(args.time_budget), "--data-dir", str(args.work / "data")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    wall_s = time.monotonic() - started
+    if not done.stdout.strip():
+        print(done.stderr[-4000:], file=sys.stderr)
+        return 1
+    outcome = json.loads(done.stdout)
+    (args.work / "suite.json").write_text(json.dumps(outcome, indent=1))
+    left_out = [f"{p['level']}/{Path(p['path']).name}: {p['note']}" for p in outcome.get("left_out", [])]
+    print(table(outcome["suite"], wall_s, left_out))
+    return 0 if done.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
