@@ -125,6 +125,13 @@ def build_mcp_server(connect: ConnectCalls) -> MCPServer:
     for name, spec in TOOLS.items():
         _register_tool(server, name, spec.summary, run_tool)
 
+    _register_reads(server, connect)
+    return server
+
+
+def _register_reads(server: MCPServer, connect: ConnectCalls) -> None:
+    """The read tools and resources: problems, attempts, the leaderboard, through the service's own reads."""
+
     @server.tool(description="Every problem the service knows: name, dtype, tolerance policy, shape counts.")
     async def list_problems() -> CallToolResult:
         async with connect() as calls:
@@ -158,8 +165,6 @@ def build_mcp_server(connect: ConnectCalls) -> MCPServer:
             raise ValueError(f"attempt_id: {attempt_id!r} is not an attempt id (a whole number from 1)")
         async with connect() as calls:
             return await _resource(calls.attempt(int(attempt_id)))
-
-    return server
 
 
 def _register_tool(server: MCPServer, name: ToolName, summary: str, run_tool: Callable[..., Any]) -> None:
