@@ -79,12 +79,14 @@ def main() -> int:
     parser.add_argument("--per-level", type=int, help="the first N problems of each level (default: all)")
     parser.add_argument("--time-budget", type=float, default=0.5, help="seconds of timing per benchmark shape")
     parser.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to wait for every verdict")
     args = parser.parse_args()
     problems = write_solutions(args.kernelbench, args.work, args.levels, args.per_level)
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "kernelloop", "suite", str(problems), str(args.work / "solutions"), "--json",
-         "--backend", args.backend, "--time-budget", str(args.time_budget), "--data-dir", str(args.work / "data")],
+         "--backend", args.backend, "--time-budget", str(args.time_budget), "--data-dir", str(args.work / "data"),
+         "--timeout", str(args.timeout)],
         capture_output=True, text=True,
     )  # fmt: skip
     wall_s = time.monotonic() - started
