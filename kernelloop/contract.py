@@ -158,9 +158,15 @@ def _depth(node: Any, level: int = 1) -> int:
 StoredJson = Annotated[dict[str, Any], AfterValidator(_storable)]
 
 
+MAX_NOTES_CHARS = 64 << 10
+"""The longest notes a run takes: every GET /v1/runs serves them back."""
+Notes = Annotated[str | None, PydanticField(max_length=MAX_NOTES_CHARS, description="free text for people")]
+
+
 class RunCreate(RunBase):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
+    notes: Notes = None
     problem: str = Field(min_length=1, description="problem name, see GET /v1/problems")
     config: StoredJson = Field(default_factory=dict, description="the run's settings, kept as given")
 
@@ -169,7 +175,7 @@ class RunUpdate(SQLModel):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
     status: RunStatus | None = None
-    notes: str | None = None
+    notes: Notes = None
     meta: StoredJson | None = Field(default=None, description="merged into the run's meta (keys replaced)")
 
 

@@ -12,6 +12,7 @@ from pydantic import SecretStr
 
 from kernelloop.contract import ErrorBody
 from kernelloop.server.errors import ApiError
+from kernelloop.server.limits import MUTATING_METHODS
 
 if TYPE_CHECKING:
     from kernelloop.server.service import Service
@@ -28,7 +29,7 @@ def guard_mutation(request: Request, credentials: Credentials) -> str:
     service = request.app.state.service
     client = request.client.host if request.client else "unknown"
     admit(service, client)
-    _check_token(service.settings.api_token, credentials, "this call changes state")
+    _check_token(service.settings.api_token, credentials, describe_call(request))
     return client
 
 
@@ -47,7 +48,14 @@ def admit(service: Service, client: str) -> None:
 
 
 def guard_read(request: Request, credentials: Credentials) -> None:
-    _check_token(request.app.state.service.settings.api_token, credentials, "this call reads the history")
+    """The token check of a guarded router, run before a write's own guard too: its 401 says what the call does."""
+    _check_token(request.app.state.service.settings.api_token, credentials, describe_call(request))
+
+
+def describe_call(request: Request) -> str:
+    """What the call does, for its 401: a read of what the service holds, or a change of it."""
+    does = "changes state" if request.method in MUTATING_METHODS else "reads the service's records"
+    return f"{request.method} {request.url.path} {does}"
 
 
 def _check_token(token: SecretStr | None, credentials: HTTPAuthorizationCredentials | None, what: str) -> None:

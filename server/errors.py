@@ -48,6 +48,7 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
 FIXES = {
     "missing": "add the field",
     "string_too_short": "send a non-empty string",
+    "string_too_long": "send a shorter string: the message gives the limit",
     "literal_error": "use one of the values the message lists",
     "enum": "use one of the values the message lists",
     "int_parsing": "send an integer",

@@ -87,17 +87,30 @@ class BodySizeLimit:
         await self.app(scope, replay, send)
 
 
-SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""An escaped UTF-16 surrogate, high (D800-DBFF) or low (DC00-DFFF): valid only as a pair."""
 
 
-def _strings(node: Any) -> list[str]:
+def _not_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _find_lone_surrogate(node: Any, where: str) -> str | None:
+    """Where the first string or key that is not valid Unicode (a lone surrogate) is, as a field name."""
     if isinstance(node, str):
-        return [node]
-    if isinstance(node, dict):
-        return [s for key, value in node.items() for s in (*_strings(key), *_strings(value))]
-    if isinstance(node, list):
-        return [s for item in node for s in _strings(item)]
-    return []
+        return where if _not_unicode(node) else None
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in children:
+        if isinstance(key, str) and _not_unicode(key):
+            return f"{where} (one of its keys)"
+        found = _find_lone_surrogate(value, f"{where}.{key}")
+        if found is not None:
+            return found
+    return None
 
 
 MAX_BODY_DEPTH = 64
@@ -147,17 +160,16 @@ def _text_problem(body: bytes) -> ErrorBody | None:
         )
     if SURROGATE_ESCAPE.search(body):
         try:
-            for text in _strings(json.loads(body)):
-                text.encode("utf-8")
-        except UnicodeEncodeError:
-            return ErrorBody(
-                error="invalid_text",
-                message="the body contains an unpaired UTF-16 surrogate (\\udXXX)",
-                field="body",
-                fix="send valid Unicode text",
-            )
+            where = _find_lone_surrogate(json.loads(body), "body")
         except (ValueError, RecursionError):
             return None  # not JSON: the endpoint's own parsing says so
+        if where is not None:
+            return ErrorBody(
+                error="invalid_text",
+                message=f"{where} contains an unpaired UTF-16 surrogate (\\udXXX), which is not Unicode text",
+                field=where,
+                fix="send valid Unicode text: a surrogate only as half of a pair (\\ud83d\\ude00)",
+            )
     return None
 
 

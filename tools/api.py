@@ -243,6 +243,11 @@ def _verdict_without_reply(step: Step, partial: Sequence[PhaseResult], report: S
         tail = report.stderr.strip().splitlines()[-3:]
         result.status = Status.runtime_error
         result.message = f"the worker died ({how}){where}" + (": " + " | ".join(tail) if tail else "")
+        if report.signal == "SIGKILL":  # the sandbox's own kills set timed_out or killed_for: not this one
+            result.message += (
+                "; the worker was killed by a signal from outside the job, not by the sandbox (e.g. the host's OOM "
+                "killer when memory ran out): it may not be the kernel's fault, so look at the host before the code"
+            )
     return result
 
 

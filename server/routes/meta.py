@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlmodel import Session
 
 from kernelloop.contract import DevicesReport, Health, LaneState, QueueDepth, ToolsCatalog
+from kernelloop.server.auth import READ_GUARDED, ReadGuard
 from kernelloop.server.devices import gpu_inventory
 from kernelloop.server.routes.deps import ServiceDep
 from kernelloop.server.service import Service
@@ -81,10 +82,11 @@ def _devices(service: Service) -> DevicesReport:
     )
 
 
-@router.get("/devices", response_model=DevicesReport)
+@router.get("/devices", response_model=DevicesReport, dependencies=[ReadGuard], responses=READ_GUARDED)
 async def devices(service: ServiceDep) -> DevicesReport:
     """The GPUs (memory, utilization), every lane and the job it runs, how many jobs wait for each kind, and the
-    hosts (Ray nodes under the Ray executor) with their CPUs and GPUs."""
+    hosts (Ray nodes under the Ray executor) with their CPUs and GPUs. Guarded like the history: it names the
+    hosts, the GPUs' serial UUIDs and which job runs where."""
     return await asyncio.to_thread(_devices, service)
 
 
