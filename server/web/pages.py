@@ -19,12 +19,14 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlmodel import Session
 
-from kernelloop.contract import RunPublic
+from kernelloop.contract import ErrorBody, RunPublic
+from kernelloop.server.errors import error_response
 from kernelloop.server.routes.deps import MAX_ID, AttemptId, RunId, SessionDep
 from kernelloop.server.web import access, views
 from kernelloop.server.web.highlight import stylesheet
 from kernelloop.storage import history
 from kernelloop.storage.models import Run, utcnow
+from kernelloop.tools.results import TolerancePolicy
 
 HERE = Path(__file__).resolve().parent
 ASSETS = "/assets"
@@ -60,7 +62,15 @@ def _duration(seconds: float | None) -> str:
     return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
 
 
-templates.env.filters.update(speedup=_speedup, ms=_ms, when=_when, duration=_duration)
+def _tolerance(policy: TolerancePolicy) -> str:
+    """A problem's tolerance policy as people read it (e.g. "fp32: relative error ≤ 1e-05 of max|truth|")."""
+    if policy.atol is not None and policy.rtol is not None:
+        return f"kernelbench: allclose atol {policy.atol:g}, rtol {policy.rtol:g}, {policy.min_trials} trials"
+    tf32 = ", TF32 allowed" if policy.allow_tf32 else ""
+    return f"{policy.name}: relative error ≤ {policy.max_rel_error:g} of max|truth|{tf32}"
+
+
+templates.env.filters.update(speedup=_speedup, ms=_ms, when=_when, duration=_duration, tolerance=_tolerance)
 templates.env.globals.update(assets=ASSETS, live_poll_ms=int(LIVE_POLL_S * 1000))
 
 
@@ -111,20 +121,25 @@ def run_live(run_id: RunId, session: SessionDep) -> Response:
     """What the run page polls while the run is running (the cookie opens it, as it opens the page)."""
     run = _run(session, run_id)
     if run is None:
-        return Response(status_code=404)
+        unknown = ErrorBody(
+            error="unknown_run", message=f"no run {run_id}", field="path.run_id", fix="/runs lists the runs"
+        )
+        return error_response(404, unknown, {"Cache-Control": "no-store"})
     body = _live(views.run_view(session, run)).model_dump_json()
     return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
 def _live(view: views.RunView) -> views.RunLive:
-    rows = templates.env.get_template("_macros.html").module.attempt_rows(view.attempts)  # type: ignore[attr-defined]
+    macros: Any = templates.env.get_template("_macros.html").module
     return views.RunLive(
         status=view.run.status.value,
         attempts=view.run.attempts,
         best_speedup=view.run.best_speedup,
+        best_html=str(macros.best_speedup(view.run)),
+        duration=_duration(view.duration_s),
         chart=view.chart,
         under_way=view.under_way,
-        rows_html=str(rows),
+        rows_html=str(macros.attempt_rows(view.attempts)),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from markupsafe import Markup
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
 from kernelloop.contract import (
@@ -70,6 +70,8 @@ class RunLive(BaseModel):
     status: str
     attempts: int
     best_speedup: float | None
+    best_html: str = Field(description="the page's Best speedup, rendered: the figure linked to its attempt")
+    duration: str = Field(description="the page's Duration, rendered (the run's time so far while it runs)")
     chart: RunChart
     under_way: list[UnderWay]
     rows_html: str

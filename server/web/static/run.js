@@ -65,6 +65,8 @@
     draw(live);
     document.getElementById("attempt-rows").innerHTML = live.rows_html;
     document.getElementById("run-steps").textContent = String(live.attempts);
+    document.getElementById("run-best").innerHTML = live.best_html;
+    document.getElementById("run-duration").textContent = live.duration;
     const status = document.querySelector("#run-status .status");
     status.textContent = live.status;
     status.className = "status status-" + live.status;
