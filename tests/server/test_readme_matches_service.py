@@ -1,0 +1,52 @@
+"""The README says what the service does (issue 30): every `/v1/...` route it names is one the API has, with the
+query parameters it names; docker compose is shown with the token it needs; `make`'s apt install is said.
+"""
+
+from __future__ import annotations
+
+import re
+
+from conftest import REPO
+from fastapi import FastAPI
+
+from kernelloop.server.routes import history, jobs, meta, problems, suites, tools
+
+README = (REPO / "README.md").read_text()
+COMPOSE = (REPO / "docker-compose.yml").read_text()
+
+
+def _api_paths() -> dict[str, set[str]]:
+    """Each path template of the API, with the query parameters of its operations."""
+    app = FastAPI()
+    for router in (tools.router, jobs.router, problems.router, suites.router, history.router, meta.router):
+        app.include_router(router)
+    return {
+        template: {p["name"] for op in operations.values() for p in op.get("parameters", []) if p["in"] == "query"}
+        for template, operations in app.openapi()["paths"].items()
+    }
+
+
+def test_every_route_the_readme_names_exists_with_its_query() -> None:
+    paths = _api_paths()
+    named = sorted(set(re.findall(r"`(?:[A-Z]+ )?(/v1/[^`\s]*)`", README)))
+    assert len(named) > 10, named
+    for route in named:
+        path, _, query = route.partition("?")
+        shape = re.sub(r"\{[^}/]+\}", "{}", path)
+        matches = [t for t in paths if re.sub(r"\{[^}/]+\}", "{}", t) == shape]
+        assert matches, f"the README names {route}, which the API does not have"
+        for name in re.findall(r"([a-z_]+)=", query):
+            assert name in paths[matches[0]], f"the README names ?{name}= on {path}; it takes {paths[matches[0]]}"
+
+
+def test_docker_compose_is_shown_with_its_required_token() -> None:
+    assert "${KERNELLOOP_API_TOKEN:?" in COMPOSE  # compose refuses to start without it
+    for line in (m.group(0) for m in re.finditer(r"[^\n]*docker compose[^\n]* up\b[^\n]*", README)):
+        assert "KERNELLOOP_API_TOKEN" in line, f"the README runs compose without the token it needs: {line}"
+
+
+def test_the_readme_says_make_installs_bubblewrap_as_root() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    assert "apt-get install" in makefile and "bubblewrap" in makefile
+    two_commands = README[README.index("## The two commands") : README.index("## The tools")]
+    assert "apt-get install bubblewrap" in two_commands and "root" in two_commands, two_commands
