@@ -11,12 +11,17 @@ Everything a session writes lives in one folder outside /tmp (the sandbox may gi
 empty and the sandbox's hiding of the data dir is exercised on a real path.
 
 Tests that run the `kernelloop` command to completion do it through `run_kernelloop`.
+
+A test skips only for the `gpu` marker (no GPU here) or for an optional package tests/README.md lists. With
+KERNELLOOP_CI=1 (.ci/run sets it) every other skip is a failure, since CI installs every component a test needs
+(bubblewrap, nvcc, PostgreSQL, docker-compose, chromium); every run ends with a line that counts its skips.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +43,11 @@ QUIET_SERVICE_ENV = {"KERNELLOOP_PRESTART_WORKERS": "0", "KERNELLOOP_PRECOMPILED
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # the Ray tests' cluster reports nowhere
 for _name, _value in QUIET_SERVICE_ENV.items():
     os.environ.setdefault(_name, _value)
+
+IN_CI = os.environ.get("KERNELLOOP_CI") == "1"
+"""CI (.ci/run) installs every component and package the tests use: there a skip but the gpu marker's fails."""
+if IN_CI:
+    os.environ.setdefault("KERNELLOOP_REQUIRE_BROWSER", "1")  # test_web_pages.py: no chromium is a failure
 
 REPO = Path(__file__).resolve().parent.parent
 SUBMISSIONS = Path(__file__).resolve().parent / "submissions"
@@ -308,3 +318,65 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     yield
     with open(target, "a") as log:
         log.write(f"{item.nodeid}\t{time.monotonic() - started:.1f}\t{_busy_seconds() - busy:.1f}\n")
+
+
+# ---- skips: for the gpu marker only in CI, and counted at the end of every run ----------------------------------
+
+_GPU_MODULE = re.compile(r"^pytestmark\s*=.*pytest\.mark\.gpu", re.M)
+
+
+def _gpu_module(path: Path) -> bool:
+    """A test module marked gpu as a whole (it may skip itself at import, before pytest reads its marks)."""
+    return path.suffix == ".py" and path.is_file() and _GPU_MODULE.search(path.read_text()) is not None
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    return str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+
+
+def _fail_in_ci(report: pytest.CollectReport | pytest.TestReport) -> None:
+    report.outcome = "failed"
+    report.longrepr = (
+        f"KERNELLOOP_CI=1: {report.nodeid} skipped ({_skip_reason(report)}), but CI installs every component the "
+        "tests need: only the gpu marker may skip there (.ci/run names what is missing)"
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail") and item.get_closest_marker("gpu") is None:
+        _fail_in_ci(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    outcome = yield
+    report: pytest.CollectReport = outcome.get_result()
+    if IN_CI and report.skipped and isinstance(collector, pytest.Module) and not _gpu_module(collector.path):
+        _fail_in_ci(report)
+
+
+_SKIPS_LINE = pytest.StashKey[str]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
+    """Counts the run's skips, those for the gpu marker apart (in CI the others are failures), for the run's last
+    line (pytest_unconfigure: after pytest's own summary, where it cannot scroll by unseen)."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if not hasattr(r, "wasxfail")]
+    gpu = [
+        r
+        for r in skipped
+        if ("gpu" in r.keywords if isinstance(r, pytest.TestReport) else _gpu_module(config.rootpath / r.nodeid))
+    ]
+    others = sorted({_skip_reason(r) for r in skipped if r not in gpu})
+    config.stash[_SKIPS_LINE] = f"skips: {len(skipped)} ({len(gpu)} for the gpu marker, {len(skipped) - len(gpu)} " + (
+        f"for anything else: {'; '.join(others)})" if others else "for anything else)"
+    )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and _SKIPS_LINE in config.stash:
+        reporter.write_line(config.stash[_SKIPS_LINE])
