@@ -87,22 +87,31 @@ class ForkedRunner:
 
 class Freezer:
     """Stops every process of the candidate's while the judge times what it trusts, so none of them can spin on
-    the cores, signal or allocate meanwhile. The candidate's processes are the judge's descendants other than
-    itself: the judge is a child subreaper, so a process whose parent exits is handed to the judge, not to init,
-    and a new session or process group changes nothing. Walking /proc finds them (in the sandbox's own pid
-    namespace, a handful); a second walk after the first stop catches a process forked meanwhile."""
+    the cores, signal or allocate meanwhile. The candidate's processes are the judge's descendants outside the
+    judge's own process group (the runner leaves it at the fork and the guard refuses a way back; the judge's own
+    helpers, torch.compile's workers among them, stay in it): the judge is a child subreaper, so a process whose
+    parent exits is handed to the judge, not to init, and a new session changes nothing. Walking /proc finds them
+    (in the sandbox's own pid namespace, a handful); a second walk after the first stop catches a process forked
+    meanwhile."""
 
     def __init__(self, runner: ForkedRunner):
         self.runner = runner
         self.stopped: list[int] = []
+        self.orphans: set[int] = set()
+        """the candidate's processes handed to the judge, to be collected when they end"""
 
     def freeze(self) -> None:
         if self.runner.poll() is not None:
             return
+        judge, group = os.getpid(), os.getpgrp()
         for _ in range(2):
-            for pid in _descendants(os.getpid()):
-                if pid not in self.stopped and _signal(pid, signal.SIGSTOP):
+            for pid, parent, pgrp in _descendants(judge):
+                if pgrp == group or pid in self.stopped:
+                    continue
+                if _signal(pid, signal.SIGSTOP):
                     self.stopped.append(pid)
+                if parent == judge and pid != self.runner.pid:
+                    self.orphans.add(pid)
         try:  # the runner has stopped when this returns: the kernel delivers a stop asynchronously
             _, status = os.waitpid(self.runner.pid, os.WUNTRACED)
         except ChildProcessError:
@@ -115,7 +124,13 @@ class Freezer:
         for pid in self.stopped:
             _signal(pid, signal.SIGCONT)
         self.stopped.clear()
-        _reap_orphans(self.runner.pid)
+        for pid in list(self.orphans):  # collected here, by pid: the judge's own children are not ours to reap
+            try:
+                ended, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                ended = pid
+            if ended:
+                self.orphans.discard(pid)
 
 
 def _signal(pid: int, number: int) -> bool:
@@ -126,35 +141,23 @@ def _signal(pid: int, number: int) -> bool:
         return False
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process below `root`, from the parents /proc lists."""
-    children: dict[int, list[int]] = {}
+def _descendants(root: int) -> list[tuple[int, int, int]]:
+    """Every process below `root` as (pid, parent, process group), from what /proc lists."""
+    children: dict[int, list[tuple[int, int, int]]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             pid = int(stat.parent.name)
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parent, pgrp = int(fields[1]), int(fields[2])
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-        children.setdefault(parent, []).append(pid)
+        children.setdefault(parent, []).append((pid, parent, pgrp))
     found, frontier = [], [root]
     while frontier:
         below = children.get(frontier.pop(), [])
         found.extend(below)
-        frontier.extend(below)
+        frontier.extend(pid for pid, _, _ in below)
     return found
-
-
-def _reap_orphans(runner_pid: int) -> None:
-    """Collect the candidate's orphans that ended (handed to the judge, the subreaper), never the runner itself,
-    whose exit status is the judge's to read."""
-    while True:
-        try:
-            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if ended is None or ended.si_pid == runner_pid:
-            return
-        os.waitpid(ended.si_pid, 0)
 
 
 def _become_runner(socket_fd: int) -> NoReturn:
