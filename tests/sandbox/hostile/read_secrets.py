@@ -26,8 +26,9 @@ def read(path):
 
 
 def read_for_secret(path):
+    if os.path.exists(path):
+        reached(f"found {path}")
     text = open(path).read()
-    reached(f"opened {path}")
     if "__SECRET__" in text:
         return text[:80]
     raise Refused(f"{path} reads as {len(text)} bytes without the secret")
