@@ -70,23 +70,34 @@ def test_cpu_example_passes_and_second_compile_hits_the_cache(settings, concurre
     assert result.compile.cache_key == concurrent_cpu_example_builds[0].cache_key
 
 
+# The CPU benchmark shape, cpu_b4_c64_o64_k3_d1_l8192 (B=4, Cin=64, Cout=64, K=3, L=8192), worked out by hand rather
+# than by the problem's own flops() and bytes_moved(): a multiply and an add per weight per output element, and
+# float32 input, weight and output each moved once.
+CPU_SHAPE_FLOPS = 2 * 4 * 64 * 64 * 3 * 8192  # 805,306,368
+CPU_SHAPE_BYTES = 4 * (4 * 64 * 8192 + 64 * 64 * 3 + 4 * 64 * 8192)  # 16,826,368
+
+
 def test_cpu_benchmark_reports_timings_and_speedup(settings, concurrent_cpu_example_builds):
     options = EvalOptions(min_samples=5, time_budget_s=3.0)  # the example takes ~0.35 s a call: 5 fit
     result = api.benchmark(PROBLEM, CPU_EXAMPLE, "cpu", options, settings)
 
     assert result.status == Status.passed, result.message
     assert result.compile.cache_hit
-    expected_shapes = load_problem(PROBLEM).benchmark_shapes("cpu")
-    assert [s.shape for s in result.shapes] == [s.name for s in expected_shapes]
-    for entry, shape in zip(result.shapes, expected_shapes):
-        assert entry.status == Status.passed
-        for timing in (entry.candidate, entry.reference):
-            assert timing.n >= options.min_samples
-            assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
-        assert entry.speedup == pytest.approx(entry.reference.median_ms / entry.candidate.median_ms)
-        assert entry.tflops == pytest.approx(shape.flops / (entry.candidate.median_ms / 1e3) / 1e12)
-        assert entry.outputs_checked >= 2  # the timed outputs of both input sets were checked
-    assert result.geomean_speedup == pytest.approx(result.shapes[0].speedup)
+    assert [s.shape for s in result.shapes] == ["cpu_b4_c64_o64_k3_d1_l8192"]
+    shape = load_problem(PROBLEM).benchmark_shapes("cpu")[0]
+    assert (shape.flops, shape.bytes) == (CPU_SHAPE_FLOPS, CPU_SHAPE_BYTES)  # the problem's own counts agree
+    entry = result.shapes[0]
+    assert entry.status == Status.passed
+    for timing in (entry.candidate, entry.reference):
+        assert timing.n >= options.min_samples
+        assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
+    seconds = entry.candidate.median_ms / 1e3
+    # speedup: the reference's median over the candidate's, as the README defines it
+    assert entry.speedup == pytest.approx(entry.reference.median_ms / entry.candidate.median_ms)
+    assert entry.tflops == pytest.approx(CPU_SHAPE_FLOPS / seconds / 1e12)
+    assert entry.gbps == pytest.approx(CPU_SHAPE_BYTES / seconds / 1e9)
+    assert entry.outputs_checked >= 2  # the timed outputs of both input sets were checked
+    assert result.geomean_speedup == pytest.approx(entry.speedup)  # the geometric mean of one shape is that shape's
 
 
 def test_a_build_folder_that_links_out_of_the_job_is_not_followed(tmp_path) -> None:

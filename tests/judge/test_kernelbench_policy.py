@@ -334,7 +334,7 @@ class ModelNew(torch.nn.Module):
 @pytest.mark.parametrize(
     "precision, expression, status, words",
     [
-        ("fp16", "self.linear(x)", Status.passed, "atol=0.01"),
+        ("fp16", "self.linear(x)", Status.passed, "5 checks passed"),  # KernelBench's five input sets
         ("fp16", "self.linear(x).float()", Status.wrong_output, "dtype torch.float32, expected torch.float16"),
         ("bf16", "self.linear(x) * 1.02", Status.wrong_result, "allclose"),  # 2% off: over bf16's 1e-2
     ],
@@ -348,8 +348,7 @@ def test_the_precision_option_casts_inputs_and_both_models_and_fits_the_toleranc
 
     assert result.status == status, result.message
     assert result.tolerance is not None and result.tolerance.atol == 1e-2
-    text = result.message + " ".join(c.message for c in result.checks) + str(result.tolerance)
-    assert status == Status.passed or words in text, text
+    assert words in result.message, result.message
 
 
 # ---- a reference that misses its own truth -------------------------------------------------------------------------

@@ -26,7 +26,9 @@ def test_the_runner_is_forked_from_the_judge_after_torch_with_nothing_of_the_jud
         "link = RunnerLink()\n"
         "pid = link.process.pid\n"
         "stat = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()\n"
-        "print((int(stat[11]) + int(stat[12])) / os.sysconf('SC_CLK_TCK'))\n"
+        "own = open('/proc/self/stat').read().rsplit(')', 1)[1].split()\n"
+        "ticks = os.sysconf('SC_CLK_TCK')\n"
+        "print((int(stat[11]) + int(stat[12])) / ticks, (int(own[11]) + int(own[12])) / ticks)\n"
         "print(open(f'/proc/{pid}/cmdline', 'rb').read() == open('/proc/self/cmdline', 'rb').read())\n"
         "import time\n"
         "for _ in range(500):  # until the runner serves: it closes what it must not keep before that\n"
@@ -38,7 +40,10 @@ def test_the_runner_is_forked_from_the_judge_after_torch_with_nothing_of_the_jud
         "link.close()\n"
     )
     cpu_s, forked, fds, stdin = fresh_interpreter(code)
-    assert float(cpu_s) < 0.5, f"the runner spent {cpu_s} s of CPU before its first request: it imported torch again"
+    runner_s, judge_s = map(float, cpu_s.split())
+    # CPU time, which a loaded machine does not stretch as it does the wall clock, against the judge's own in the
+    # same test: the judge imported torch (seconds of CPU), a runner that imported it again would match it
+    assert runner_s < judge_s / 5, f"the runner spent {runner_s} s of CPU before its first request, the judge {judge_s}"
     assert forked == "True"
     listed, r, w = json.loads(fds)
     assert r not in listed and w not in listed, fds  # the judge's pipe stays the judge's
@@ -76,6 +81,71 @@ def _sandbox_processes(jobs_dir: Path) -> list[str]:
     return found
 
 
+JUDGE_MODULE = b"kernelloop.tools.judge.worker"
+
+
+def _is_judge_process(cmdline: bytes) -> bool:
+    """`python -P -m kernelloop.tools.judge.worker FD`: the judge, or the runner forked from it (bubblewrap's own
+    command line names the module too, further on)."""
+    return JUDGE_MODULE in cmdline.split(b"\0")[:4]
+
+
+def _processes() -> dict[int, tuple[int, str, int, bytes]]:
+    """Every live process: its parent, state, CPU ticks so far and command line."""
+    table = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        table[int(proc.name)] = (int(fields[1]), fields[0], int(fields[11]) + int(fields[12]), cmdline)
+    return table
+
+
+def _waiting_spares(jobs_dir: Path) -> dict[int, int]:
+    """The spares whose judge has imported torch and forked its runner, both now asleep: judge pid -> the two
+    processes' CPU ticks."""
+    table = _processes()
+    judges = {
+        pid
+        for pid, (parent, _, _, cmdline) in table.items()
+        if _is_judge_process(cmdline) and not _is_judge_process(table.get(parent, (0, "", 0, b""))[3])
+    }
+    spares = {}
+    for judge in judges:
+        ancestor = table[judge][0]
+        while ancestor in table and f"{jobs_dir}/spare-".encode() not in table[ancestor][3]:
+            ancestor = table[ancestor][0]  # up to the spare's bubblewrap, whose command line names its folder
+        runners = [pid for pid, row in table.items() if row[0] == judge and _is_judge_process(row[3])]
+        if ancestor in table and runners and table[judge][1] == table[runners[0]][1] == "S":
+            spares[judge] = table[judge][2] + table[runners[0]][2]
+    return spares
+
+
+def _await_ready_spares(jobs_dir: Path, count: int) -> None:
+    """Until `count` spares wait for their jobs: judge and runner asleep, using no CPU for 0.3 s (torch imported,
+    the job's read begun). An event awaited rather than seconds slept; the bound is for a broken pool only."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        before = _waiting_spares(jobs_dir)
+        time.sleep(0.3)
+        after = _waiting_spares(jobs_dir)
+        if sum(1 for judge, ticks in after.items() if before.get(judge) == ticks) >= count:
+            return
+    raise AssertionError(f"fewer than {count} spares came up in 180 s")
+
+
+def _await_no_sandbox_processes(jobs_dir: Path) -> list[str]:
+    """The processes of `jobs_dir`'s jobs left after a bound far above what ending them takes (none, once ended)."""
+    deadline = time.monotonic() + 30
+    while (left := _sandbox_processes(jobs_dir)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 def test_a_job_takes_the_worker_started_ahead_and_the_pool_ends_its_spares(workspace, relu_problem) -> None:
     pool = WorkerPool(max_spares=2)
     step = api.make_step("test", relu_problem, RELU_CANDIDATE, "cpu", EvalOptions(seeds=1))
@@ -83,22 +153,18 @@ def test_a_job_takes_the_worker_started_ahead_and_the_pool_ends_its_spares(works
         first = api.run_phase(step, workspace.settings, pool=pool)
         assert first.status == Status.passed, first.message
         assert first.sandbox is not None and not first.sandbox.prestarted  # nothing was started before it
-        deadline = time.monotonic() + 60
-        while len(pool) == 0 and time.monotonic() < deadline:  # the spare starts in the background
-            time.sleep(0.1)
-        time.sleep(3)  # and imports torch in both of its processes
+        _await_ready_spares(workspace.settings.jobs_dir, 1)  # started in the background, torch imported
         second = api.run_phase(step, workspace.settings, pool=pool)
     finally:
         pool.close()
     assert second.status == Status.passed, second.message
     assert second.sandbox is not None and second.sandbox.prestarted
-    # the second job found its judge and runner imported: handing it over took well under a second
-    assert second.step_seconds["worker_start"] < 0.5, second.step_seconds
-    assert second.step_seconds["worker_start"] < first.step_seconds["worker_start"] / 2, (first, second)
-    assert second.step_seconds["runner_start"] < first.step_seconds["runner_start"] + 0.5
+    # the second job found its judge and runner imported: handing it over took a small part of a fresh start
+    # (a sandbox and an import of torch), measured in the same test
+    assert second.step_seconds["worker_start"] < first.step_seconds["worker_start"] / 4, (first, second)
+    assert second.step_seconds["runner_start"] < first.step_seconds["worker_start"] / 4, (first, second)
     # the spare the second job left behind, started in the background, is ended by close()
-    time.sleep(1)
-    assert _sandbox_processes(workspace.settings.jobs_dir) == []
+    assert _await_no_sandbox_processes(workspace.settings.jobs_dir) == []
     assert not list(workspace.settings.jobs_dir.glob("spare-*"))
 
 
@@ -108,21 +174,18 @@ def test_two_jobs_back_to_back_both_start_warm(workspace, relu_problem) -> None:
     pool = WorkerPool(max_spares=4)
     step = api.make_step("test", relu_problem, RELU_CANDIDATE, "cpu", EvalOptions(seeds=1))
     try:
-        api.run_phase(step, workspace.settings, pool=pool)
-        deadline = time.monotonic() + 60
-        while len(pool) < 2 and time.monotonic() < deadline:  # both spares start in the background
-            time.sleep(0.1)
+        first = api.run_phase(step, workspace.settings, pool=pool)
+        _await_ready_spares(workspace.settings.jobs_dir, 2)  # both started in the background, torch imported
         assert len(pool) == 2
-        time.sleep(4)  # and import torch in both of their processes
         results = [api.run_phase(step, workspace.settings, pool=pool) for _ in range(2)]
     finally:
         pool.close()
+    assert first.sandbox is not None and not first.sandbox.prestarted
     for result in results:
         assert result.status == Status.passed, result.message
         assert result.sandbox is not None and result.sandbox.prestarted
-        assert result.step_seconds["worker_start"] < 0.5, result.step_seconds
-    time.sleep(1)
-    assert _sandbox_processes(workspace.settings.jobs_dir) == []
+        assert result.step_seconds["worker_start"] < first.step_seconds["worker_start"] / 4, (first, result)
+    assert _await_no_sandbox_processes(workspace.settings.jobs_dir) == []
 
 
 def test_a_spare_serves_only_jobs_of_its_kind(workspace, relu_problem, tmp_path: Path) -> None:
