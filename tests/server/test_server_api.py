@@ -550,8 +550,8 @@ def _write_attempts(service: ServiceProcess, name: str, count: int, speedup: Cal
 def test_a_thousand_attempts_page_as_fast_as_a_hundred(api: httpx.Client, service: ServiceProcess) -> None:
     """A filtered, sorted page of 50 out of a run's 1,000 attempts, over HTTP, against the same page out of a run of
     100, asked in turns in the same test (a spell of load slows both alike; no fixed milliseconds): the database
-    cuts the page, nothing reads the whole run. A page that read every attempt would take about ten times as long
-    for ten times the attempts, well over the bound of 3."""
+    cuts the page, nothing reads the whole run. Measured on a loaded 2-core machine: 0.8x as long honestly, 3.2x
+    with the page cut in Python from every matching attempt; the bound is 2."""
     big = _write_attempts(service, "thousand", 1000, lambda i: 0.5 + (i * 37 % 1000) / 100 if i % 4 else None)
     small = _write_attempts(service, "hundred", 100, lambda i: 2.0 + (i * 37 % 80) / 10)
     params = {
@@ -578,7 +578,7 @@ def test_a_thousand_attempts_page_as_fast_as_a_hundred(api: httpx.Client, servic
     print(
         f"\na filtered, sorted page: {medians[big] * 1000:.1f} ms of 1,000 attempts, {medians[small] * 1000:.1f} of 100"
     )
-    assert medians[big] < 3 * medians[small], medians
+    assert medians[big] < 2 * medians[small], medians
 
 
 def test_history_cli(service: ServiceProcess, evaluated: dict) -> None:

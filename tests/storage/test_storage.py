@@ -401,7 +401,8 @@ def test_a_thousand_attempts_answer_a_filtered_sorted_page_as_fast_as_a_hundred(
     """A page of 50 out of 1,000 attempts, filtered and sorted, costs about what the same page out of 100 does: the
     database filters, sorts and cuts the page, nothing reads the whole problem's attempts. Timed against each
     other in the same test (no fixed number of milliseconds, which a loaded machine would miss): a page that read
-    every attempt would take about ten times as long for ten times the attempts, well over the bound of 3."""
+    every attempt takes longer with the attempts: measured on a loaded 2-core machine, 1.1-1.3x as long honestly,
+    3.4x with the page cut in Python from every matching attempt; the bound is 2."""
     with Session(engine) as session:
         # 1,000 attempts, two thirds passed at 0.0x to 9.6x; 100, every one passed at 2.0x to 9.9x: pages of 50 both
         _add_attempts(session, _problem(session), 1000, lambda i: (i % 97) / 10 if i % 3 else None)
@@ -427,7 +428,7 @@ def test_a_thousand_attempts_answer_a_filtered_sorted_page_as_fast_as_a_hundred(
     assert speeds == sorted(speeds, reverse=True) and min(speeds) >= 2.0
     assert len(small_page.items) == 50 and small_page.total == 100
     ratio = seconds["causal_conv1d"] / seconds["mamba_causal_conv1d"]
-    assert ratio < 3, (ratio, seconds)
+    assert ratio < 2, (ratio, seconds)
 
 
 # -------------------------------------------------------------------------------------- the queue
