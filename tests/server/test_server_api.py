@@ -674,7 +674,7 @@ def test_a_forged_problem_check_reply_keeps_the_name_and_source_that_were_sent(
         ([1, 2], 422, "body", "valid dictionary"),
         # a misspelt field is refused, not ignored (it would run on the default backend with default options)
         ({"problem": "causal_conv1d", "code": "x", "bakend": "cuda"}, 422, "body.bakend", "Extra inputs"),
-        ({"problem": "causal_conv1d", "code": "x", "options": {"seed": 2}}, 422, "body.options.seed", "Extra inputs"),
+        ({"problem": "causal_conv1d", "code": "x", "options": {"seedz": 2}}, 422, "body.options.seedz", "Extra inputs"),
         ({"problem": "causal_conv1d", "code": "x", "run_id": True}, 422, "body.run_id", "valid integer"),
         (
             {"problem": "causal_conv1d", "code": "x", "options": {"min_samples": 1000, "max_samples": 3}},
