@@ -304,6 +304,11 @@ def test_attack_is_contained(host: Host, name: str) -> None:
     attack = _attack(host, name)
 
     _assert_reached(attack, *steps)
+    if name == "write_outside" and REPO.is_relative_to("/tmp"):
+        # a checkout under /tmp: the worker's /tmp is its own, so the write lands there, never in the host's project
+        assert attack.outcomes.pop("project").startswith("ESCAPED"), attack.outcomes
+        assert not (REPO / "planted.py").exists(), "the host's project was written to"
+        expected = {attempt: errno for attempt, errno in expected.items() if attempt != "project"}
     _assert_blocked(attack, expected)
     assert attack.result.status == Status.passed, attack.result.message
     _assert_host_untouched(host, attack)
