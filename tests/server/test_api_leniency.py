@@ -1,4 +1,4 @@
-"""Leniency that bites later (issue 30): every read but health and the tool schemas needs the token, run notes
+"""Leniency that bites later: every read but health and the tool schemas needs the token, run notes
 have a cap, a misspelled query parameter is refused, a lone surrogate is refused by field, a 401 says what the
 call does, and a worker killed from outside is not silently blamed on the kernel.
 """

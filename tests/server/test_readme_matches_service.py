@@ -1,4 +1,4 @@
-"""The README says what the service does (issue 30): every `/v1/...` route it names is one the API has, with the
+"""The README says what the service does: every `/v1/...` route it names is one the API has, with the
 query parameters it names; docker compose is shown with the token it needs; `make`'s apt install is said.
 """
 

@@ -1,4 +1,4 @@
-"""The pages' fields over plain HTTP (issue 30): the run page's poll carries every field the page shows (Best
+"""The pages' fields over plain HTTP: the run page's poll carries every field the page shows (Best
 speedup and Duration went stale), the attempt page's Verdicts name their phase, the problems page reads its
 tolerance as words, and the live JSON of an unknown run is a 404 that says so.
 """
