@@ -6,8 +6,7 @@ signal its judge (SIGSTOP 2 ms in every 3 slows the reference it is compared wit
 every call that names the judge or reaches it through a group: a signal to the judge's pid, its process group,
 or every process (-1); `tkill` and `pidfd_send_signal`, whose targets (a thread id, a descriptor that may come
 from /proc) cannot be told apart here; a priority change of anything but the caller itself; scheduler, affinity,
-I/O-priority changes of anything but the caller (the judge's threads have ids of their own, which a filter cannot
-list); resource-limit changes of the judge; tracing and cross-process memory calls; and joining the
+I/O-priority and resource-limit changes of the judge; tracing and cross-process memory calls; and joining the
 judge's process group (from where `kill(0, ...)` would reach it). The runner takes a process group of its own
 first. (Builds need `setpgid` and `setsid` otherwise: ninja starts each compiler in a group of its own.)
 
@@ -76,13 +75,12 @@ def rules(judge_pid: int, judge_pgid: int) -> dict[str, list[Refuse]]:
         "tkill": [Refuse()],
         "pidfd_send_signal": [Refuse()],
         "setpriority": [Refuse(0, "ne", PRIO_PROCESS), Refuse(1, "ne", 0)],  # the caller itself only
-        # the caller itself only: the judge's threads have ids of their own (its torch threads time the reference)
-        "sched_setaffinity": [Refuse(0, "ne", 0)],
-        "sched_setscheduler": [Refuse(0, "ne", 0)],
-        "sched_setparam": [Refuse(0, "ne", 0)],
-        "sched_setattr": [Refuse(0, "ne", 0)],
+        "sched_setaffinity": judge,
+        "sched_setscheduler": judge,
+        "sched_setparam": judge,
+        "sched_setattr": judge,
         "prlimit64": judge,
-        "ioprio_set": [Refuse(0, "ne", IOPRIO_WHO_PROCESS), Refuse(1, "ne", 0)],
+        "ioprio_set": [Refuse(0, "ne", IOPRIO_WHO_PROCESS), Refuse(1, "eq", judge_pid)],
         "setpgid": [Refuse(1, "eq", judge_pgid)],
         "ptrace": [Refuse()],
         "process_vm_readv": [Refuse()],
