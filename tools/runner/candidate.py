@@ -1,4 +1,5 @@
-"""Inside the worker: import the submission, build Model and ModelNew side by side, line up parameters.
+"""Inside the worker: import the submission, check that ModelNew constructs, build Model and ModelNew side by side,
+line up parameters.
 
 Everything here runs in the sandboxed process; failures come back as values for the phase to report.
 """
@@ -13,6 +14,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
+from kernelloop.tools.results import Status
 
 SUBMISSION_MODULE = "submission"
 
@@ -34,6 +37,57 @@ def model_new_class(module: ModuleType) -> type[torch.nn.Module] | None:
     if inspect.isclass(candidate) and issubclass(candidate, torch.nn.Module):
         return candidate
     return None
+
+
+def construction_problem(
+    model_new: type[torch.nn.Module], reference: type[torch.nn.Module], shape: str, init_inputs: list[Any]
+) -> tuple[Status, str] | None:
+    """Whether ModelNew takes the shape's constructor arguments and constructs; the status and message if not.
+
+    A check, not the model a phase uses: it is constructed on torch's meta device, where parameters and buffers
+    have shapes but no memory, so a model whose weights exceed the worker's memory (a compile runs on a CPU lane)
+    is checked all the same. Where the constructor cannot run there (it reads a value, calls a kernel, moves a
+    tensor to a device), it is constructed for real and what that raises is the verdict, as it always was. A
+    constructor that runs on the meta device but fails on real values fails when a test builds the model."""
+    meta_error = None
+    try:
+        inspect.signature(model_new).bind(*init_inputs)
+        meta_error = _meta_construction_error(model_new, init_inputs)
+        if meta_error is not None:
+            model_new(*init_inputs)
+    except TypeError as exc:
+        return Status.signature_error, (
+            f"ModelNew{tuple(init_inputs)} failed for shape {shape}: {exc}; ModelNew must take the "
+            f"reference's constructor arguments {inspect.signature(reference)}"
+        )
+    except Exception as exc:
+        message = f"ModelNew{tuple(init_inputs)} raised for shape {shape}: {error_text(exc)}"
+        if _out_of_memory(exc):
+            message += (
+                f"; its constructor did not run on torch's meta device ({meta_error}), so it was constructed for "
+                "real, past this worker's memory: a constructor that only creates its parameters and buffers, "
+                "without reading their values, is checked without allocating them"
+            )
+        return Status.runtime_error, message
+    return None
+
+
+def _meta_construction_error(model_new: type[torch.nn.Module], init_inputs: list[Any]) -> str | None:
+    """What the constructor raised on the meta device (tensors created without a device go there), or None."""
+    try:
+        with torch.device("meta"):
+            model_new(*init_inputs)
+    except Exception as exc:
+        return error_text(exc)
+    return None
+
+
+def _out_of_memory(exc: Exception) -> bool:
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(exc)
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
 
 
 def copy_parameters(reference: torch.nn.Module, candidate: torch.nn.Module) -> str:

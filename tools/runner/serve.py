@@ -8,7 +8,6 @@ timed call, calibrated on the reference; the L2 reset and the clock) is set up b
 
 from __future__ import annotations
 
-import inspect
 import os
 import resource
 import socket
@@ -189,17 +188,7 @@ class Runner:
 
     def _construct(self, shape: str, init_inputs: list[Any]) -> tuple[Status, str] | None:
         assert self.model_new is not None and self.problem_module is not None
-        try:
-            inspect.signature(self.model_new).bind(*init_inputs)
-            self.model_new(*init_inputs)
-        except TypeError as exc:
-            return Status.signature_error, (
-                f"ModelNew{tuple(init_inputs)} failed for shape {shape}: {exc}; ModelNew must take the "
-                f"reference's constructor arguments {inspect.signature(self.problem_module.Model)}"
-            )
-        except Exception as exc:
-            return Status.runtime_error, f"ModelNew{tuple(init_inputs)} raised for shape {shape}: {_error_text(exc)}"
-        return None
+        return candidate.construction_problem(self.model_new, self.problem_module.Model, shape, init_inputs)
 
     # ---- prepare ---------------------------------------------------------------------------------------
 
