@@ -34,11 +34,12 @@ def format_suite(outcome: SuiteOutcome) -> str:
     suite = outcome.suite
     if suite is not None:
         lines.append(f"suite {suite.id} on {suite.backend}, policy {suite.policy or OWN_POLICY}: {suite.status}")
-        lines.append(f"{'level':8} {'problem':44} {'status':16} {'correct':>7} {'speedup':>8}  detail")
+        width = max([len("problem")] + [len(e.problem) for e in suite.entries])  # names in full: two never look alike
+        lines.append(f"{'level':8} {'problem':{width}} {'status':16} {'correct':>7} {'speedup':>8}  detail")
         for e in suite.entries:
             speedup = f"{e.speedup:.3f}" if e.speedup is not None else "-"
             lines.append(
-                f"{e.level:8} {e.problem[:44]:44} {e.status:16} {'yes' if e.correct else 'no':>7} {speedup:>8}  "
+                f"{e.level:8} {e.problem:{width}} {e.status:16} {'yes' if e.correct else 'no':>7} {speedup:>8}  "
                 f"{(e.message or e.solution or '')[:70]}"
             )
         fast = [f"fast_{p:g}" for p in FAST_P_THRESHOLDS]

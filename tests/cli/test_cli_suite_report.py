@@ -1,0 +1,64 @@
+"""The suite's reports name every problem in full: KernelBench's names run to about 90 characters, and names the
+name rule shortened share their first 119 and differ only in the digest at their end, so a name cut to a column's
+width made two different problems look the same."""
+
+from __future__ import annotations
+
+import importlib.util
+from datetime import UTC, datetime
+
+from conftest import REPO
+
+from kernelloop.agent.suite import SuiteOutcome
+from kernelloop.cli.suite import format_suite
+from kernelloop.contract import SuiteEntryPublic, SuitePublic
+from kernelloop.storage.suites import level_metrics
+from kernelloop.tools.problems import problem_name
+
+KERNELBENCH_NAME = "79_conv_transposed_1D_asymmetric_input_square_kernel___padded____strided____dilated__"
+LONG_STEMS = ["5_" + "wide_" * 30 + "relu", "5_" + "wide_" * 30 + "gelu"]  # the rule shortens both
+
+
+def _entry(problem: str, status: str, speedup: float | None, number: int) -> SuiteEntryPublic:
+    return SuiteEntryPublic(
+        problem=problem, level="level3", solution=f"{problem}.py", attempt_id=number, job_id=number,
+        status=status, correct=status == "passed", speedup=speedup, message="" if speedup else "forward raised",
+    )  # fmt: skip
+
+
+def _suite(names: list[str]) -> SuitePublic:
+    entries = [
+        _entry(name, "passed" if i % 2 else "runtime_error", 1.02 if i % 2 else None, i) for i, name in enumerate(names)
+    ]
+    return SuitePublic(
+        id=3, name=None, backend="cuda", policy=None, status="finished", created_at=datetime.now(UTC),
+        levels=[level_metrics("level3", entries)], entries=entries,
+    )  # fmt: skip
+
+
+def test_the_suite_table_shows_every_problem_name_in_full_and_apart() -> None:
+    shortened = [problem_name(stem) for stem in LONG_STEMS]
+    assert shortened[0][:110] == shortened[1][:110] and shortened[0] != shortened[1]  # they differ at the end only
+    names = ["1_MLP", KERNELBENCH_NAME, *shortened]
+
+    report = format_suite(SuiteOutcome(suite=_suite(names), left_out=[], renamed={})).splitlines()
+
+    header = next(line for line in report if line.startswith("level ") and "problem" in line)
+    rows = report[report.index(header) + 1 : report.index(header) + 1 + len(names)]
+    assert [row.split()[1] for row in rows] == names, rows
+    status_at = header.index("status")  # the columns still line up after the longest name
+    assert [row[status_at:].split()[0] for row in rows] == ["runtime_error", "passed"] * 2, rows
+
+
+def test_the_null_suites_exceptions_name_every_problem_in_full() -> None:
+    spec = importlib.util.spec_from_file_location("null_suite", REPO / "scripts" / "null_suite.py")
+    assert spec is not None and spec.loader is not None
+    null_suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(null_suite)
+    shortened = [problem_name(stem) for stem in LONG_STEMS]
+    suite = _suite([KERNELBENCH_NAME, *shortened]).model_dump()
+
+    lines = null_suite.table(suite, 12.0, []).splitlines()
+
+    listed = [line.split(":")[0].strip() for line in lines[lines.index("exceptions:") + 1 :]]
+    assert listed == [f"level3/{name}" for name in (KERNELBENCH_NAME, shortened[1])], lines
