@@ -31,7 +31,7 @@ from conftest import PROBLEM, REPO
 
 from kernelloop.tools import api
 from kernelloop.tools.results import CompileResult, Status
-from kernelloop.tools.sandbox.launch import SandboxUnavailable
+from kernelloop.tools.sandbox.launch import PROBE
 from kernelloop.tools.settings import SandboxSettings
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"
@@ -314,15 +314,10 @@ def test_attack_is_contained(host: Host, name: str) -> None:
     _assert_host_untouched(host, attack)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=SandboxUnavailable,
-    reason="product bug: the start-up probe (tools/sandbox/launch.py, _prove) counts a .env hidden by /dev/null bound "
-    "in its place as visible, so a service started in a folder the sandbox shows, with a .env, refuses every job",
-)
 def test_a_dotenv_in_a_folder_the_sandbox_shows_is_hidden(host: Host) -> None:
     """The service started in the project's folder, which the sandbox shows read-only, beside its .env: the
-    sandbox binds /dev/null in the .env's place. A data folder of its own, so that its start-up probe runs."""
+    sandbox binds /dev/null in the .env's place. A data folder of its own, so that its start-up probe runs, and
+    finds the .env there but unreadable (a probe that counted it as visible refused every job)."""
     (host.project / ".env").write_text(DOTENV)
     settings = host.settings.model_copy(update={"data_dir": host.settings.data_dir.parent / "hostile-data-shown-env"})
     try:
@@ -338,6 +333,21 @@ def test_a_dotenv_in_a_folder_the_sandbox_shows_is_hidden(host: Host) -> None:
     # in its place, the host's /dev/null, which the sandbox's mounts do not let it open (nodev)
     assert attack.outcomes.get("dotenv", "").startswith("blocked: EACCES"), attack.outcomes
     _assert_host_untouched(host, attack)
+
+
+def test_the_start_up_probe_counts_a_secret_whose_content_reads(tmp_path: Path) -> None:
+    """The probe, run as the sandbox runs it, on what a secret can be in the view: its content (refused), something
+    bound in its place that reads nothing (/dev/null, an empty folder), or nothing at all (both accepted)."""
+    leaked, listed, empty_dir = tmp_path / ".env", tmp_path / "ssh", tmp_path / "empty"
+    leaked.write_text(DOTENV)
+    listed.mkdir()
+    (listed / "id_ed25519").write_text(SECRET)
+    empty_dir.mkdir()
+    paths = [leaked, listed, Path("/dev/null"), empty_dir, tmp_path / "missing"]
+
+    done = subprocess.run([sys.executable, "-I", "-c", PROBE, *map(str, paths)], capture_output=True, timeout=60)
+
+    assert json.loads(done.stdout)["seen"] == [str(leaked), str(listed)], done.stderr
 
 
 @pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup", "counted"])

@@ -61,9 +61,23 @@ try:
     root_writable = True
 except OSError:
     root_writable = False
+def readable(path):  # a byte of the file, or an entry of the folder; /dev/null bound in a file's place reads none
+    try:
+        if os.path.isdir(path):
+            return bool(os.listdir(path))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO in a secret's place answers at once
+        try:
+            return bool(os.read(fd, 1))
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
 print(json.dumps({"cap_eff": int(status["CapEff"].strip(), 16), "uid": os.getuid(), "root_writable": root_writable,
-                  "seen": [p for p in sys.argv[1:] if os.path.exists(p)]}))
+                  "seen": [p for p in sys.argv[1:] if readable(p)]}))
 """
+"""Run inside a fresh sandbox by `_prove`, the secrets' paths as arguments: what the worker is and may do, and which
+secrets it can read. A secret hidden by something bound in its place (/dev/null over a .env in a folder the sandbox
+shows, an empty folder) is there, but reads nothing: what counts is its content."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -116,7 +130,7 @@ def _prove(settings: SandboxSettings) -> Isolation:
         *(["the worker keeps capabilities"] if seen["cap_eff"] else []),
         *(["the worker runs as root"] if seen["uid"] == 0 else []),
         *(["/ is writable"] if seen["root_writable"] else []),
-        *[f"{path} is visible" for path in seen["seen"]],
+        *[f"{path} is readable" for path in seen["seen"]],
     ]
     if problems:
         raise SandboxUnavailable(f"the bubblewrap sandbox does not hold here ({'; '.join(problems)}): {fix}")
