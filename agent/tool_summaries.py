@@ -5,7 +5,7 @@ One-line digests of the same outcomes stand in for older turns once the conversa
 
 from __future__ import annotations
 
-from kernelloop.agent.models import Outcome
+from kernelloop.agent.models import Outcome, status_text
 from kernelloop.tools.results import CompileResult, TestResult, compile_part
 from kernelloop.tools.summaries import summarize_result
 
@@ -13,7 +13,7 @@ from kernelloop.tools.summaries import summarize_result
 def summarize_outcome(outcome: Outcome, code: str) -> str:
     """The tool result the model reads."""
     head = f"attempt #{outcome.attempt_id} (step {outcome.step})" if outcome.attempt_id else f"step {outcome.step}"
-    lines = [f"{head}: {outcome.tool} -> {outcome.status}"]
+    lines = [f"{head}: {outcome.tool} -> {status_text(outcome.status)}"]
     if outcome.service_error:
         lines.append(f"the service could not evaluate it: {outcome.service_error}")
     seen_compile = False
@@ -38,7 +38,7 @@ def summarize_outcome(outcome: Outcome, code: str) -> str:
 
 def digest_outcome(outcome: Outcome) -> str:
     """One line for the compacted history."""
-    line = f"step {outcome.step}: {outcome.tool} attempt #{outcome.attempt_id} -> {outcome.status}"
+    line = f"step {outcome.step}: {outcome.tool} attempt #{outcome.attempt_id} -> {status_text(outcome.status)}"
     if outcome.speedup is not None:
         line += f", {outcome.speedup:.3f}x"
     for result in outcome.results:

@@ -16,7 +16,7 @@ from kernelloop.server import docs_page, errors, openapi
 from kernelloop.server.devices import gpu_lane_ids
 from kernelloop.server.executor import Executor, LocalExecutor
 from kernelloop.server.limits import BodySizeLimit, LoopbackOnly
-from kernelloop.server.mcp_mount import mount_mcp
+from kernelloop.server.mcp_mount import MCP_PATH, mount_mcp
 from kernelloop.server.routes import history, jobs, meta, problems, suites, tools
 from kernelloop.server.service import Service
 from kernelloop.server.settings import ServiceSettings
@@ -103,6 +103,6 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
     for router in (tools.router, jobs.router, problems.router, suites.router, history.router, meta.router):
         app.include_router(router)
     mcp = mount_mcp(app, service, settings.api_token)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, own_text_checks=frozenset({MCP_PATH}))
     app.add_middleware(LoopbackOnly, enabled=settings.api_token is None)
     return app

@@ -31,10 +31,12 @@ def is_loopback(host: str | None) -> bool:
 
 
 class BodySizeLimit:
-    """Answers 413 for a body over `max_bytes`, whether or not it declares its length (chunked)."""
+    """Answers 413 for a body over `max_bytes`, whether or not it declares its length (chunked), and 422 for text
+    no column can hold; not on `own_text_checks`, paths whose protocol refuses such text itself, by the argument
+    it is in (the MCP endpoint answers JSON-RPC, which an HTTP 422 is not)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, own_text_checks: frozenset[str] = frozenset()):
+        self.app, self.max_bytes, self.own_text_checks = app, max_bytes, own_text_checks
 
     def _too_large(self) -> ErrorBody:
         return ErrorBody(
@@ -72,7 +74,7 @@ class BodySizeLimit:
         if unreadable is not None:  # a parse error, named: 400 like malformed JSON
             await error_response(400, unreadable)(scope, receive, send)
             return
-        problem = _text_problem(body)
+        problem = _text_problem(body) if scope["path"] not in self.own_text_checks else None
         if problem is not None:
             await error_response(422, problem)(scope, receive, send)
             return

@@ -37,6 +37,7 @@ from kernelloop.contract import (
 from kernelloop.server import reads
 from kernelloop.server.auth import admit
 from kernelloop.server.errors import ApiError
+from kernelloop.server.mcp_arguments import error_text
 from kernelloop.server.mcp_tools import Refused, ServiceCalls, build_mcp_server
 from kernelloop.server.service import Service
 from kernelloop.tools.phase_registry import TOOLS, ToolName
@@ -125,9 +126,9 @@ async def _refusing(call: Callable[[], T]) -> T:
         return await asyncio.to_thread(call)
     except ApiError as exc:
         body = exc.body
-        field = f" ({body.field.removeprefix('body.')})" if body.field else ""
-        fix = f"; {body.fix}" if body.fix else ""
-        raise Refused(f"{exc.status_code} {body.error}{field}: {body.message}{fix}") from exc
+        if body.field:
+            body = body.model_copy(update={"field": body.field.removeprefix("body.")})
+        raise Refused(error_text(body, exc.status_code), body, exc.status_code) from exc
 
 
 class _RequireToken:

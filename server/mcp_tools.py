@@ -5,7 +5,9 @@ checked, recorded and judged exactly as an HTTP call is: mounted on the service 
 `kernelloop.server.mcp_mount`) the calls are the service's own functions, those its routes call; over stdio
 (`kernelloop mcp`) the command line hands in calls of a service's HTTP API. Results come back as structured
 content (the API's own JSON) with a short text summary an agent reads well: the status, the first diagnostics
-with their source lines, the first mismatches, per-shape speedups (`kernelloop.tools.summaries`).
+with their source lines, the first mismatches, per-shape speedups (`kernelloop.tools.summaries`). Arguments are
+checked before a tool runs (`kernelloop.server.mcp_arguments`) and answers cut to fit the transport
+(`kernelloop.server.mcp_results`).
 """
 
 from __future__ import annotations
@@ -16,22 +18,28 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Any, Protocol
+from urllib.parse import quote
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, TextContent
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from kernelloop.contract import (
     MAX_ID,
     TERMINAL_JOB_STATUSES,
     AttemptDetail,
+    ErrorBody,
     JobPublic,
     LeaderboardEntry,
     ProblemDetail,
     ProblemSummary,
     SubmissionRequest,
 )
+from kernelloop.server.mcp_arguments import CheckedServer, invalid_arguments, refused, unreadable_text
+from kernelloop.server.mcp_results import bounded, bounded_text, truncation_note
 from kernelloop.server.reads import MAX_LEADERBOARD, MAX_NAME_CHARS
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import TOOLS, ToolName
@@ -53,7 +61,12 @@ LeaderboardLimit = Annotated[int, Field(ge=1, le=MAX_LEADERBOARD)]
 
 
 class Refused(Exception):
-    """A call the service refused, or could not make; the message names the argument and says what to do."""
+    """A call the service refused, or could not make; the message names the argument and says what to do.
+    `body` is the service's own ErrorBody where there is one, `status_code` its HTTP status."""
+
+    def __init__(self, message: str, body: ErrorBody | None = None, status_code: int | None = None):
+        super().__init__(message)
+        self.body, self.status_code = body, status_code
 
 
 class ServiceCalls(Protocol):
@@ -88,86 +101,33 @@ def build_mcp_server(connect: ConnectCalls) -> MCPServer:
     """The MCP server; `connect()` opens the `ServiceCalls` of the service the tools call."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    server = MCPServer(name="kernelloop", instructions=INSTRUCTIONS)
+    tools = [_phase_tool(name, spec.summary, connect) for name, spec in TOOLS.items()] + _read_tools(connect)
+    server = CheckedServer(tools, name="kernelloop", instructions=INSTRUCTIONS)
     # the SDK's constructor configures the root logger (a rich handler at INFO): the process's logging is not its
     # to set, and with it every httpx request of `kernelloop agent run` was logged to the terminal
     root.handlers[:], root.level = handlers, level
-
-    async def run_tool(
-        tool: ToolName,
-        ctx: Context,
-        problem: str,
-        code: str,
-        backend: Backend | None,
-        options: dict | None,
-        why: str | None,
-    ) -> CallToolResult:
-        try:
-            request = SubmissionRequest(
-                problem=problem,
-                code=code,
-                backend=backend,
-                options=EvalOptions.model_validate(options) if options else None,
-                rationale=why,
-                proposer=f"mcp:{_client_name(ctx)}",
-            )
-        except ValueError as exc:
-            return _failed(f"invalid arguments: {exc}")
-        try:
-            async with connect() as calls:
-                job = await _submit_and_follow(calls, tool, request, ctx)
-        except Refused as exc:
-            return _failed(str(exc))
-        return CallToolResult(
-            content=[TextContent(text=_job_summary(job, code))], structured_content=job.model_dump(mode="json")
-        )
-
-    for name, spec in TOOLS.items():
-        _register_tool(server, name, spec.summary, run_tool)
-
-    _register_reads(server, connect)
+    _register_resources(server, connect)
     return server
 
 
-def _register_reads(server: MCPServer, connect: ConnectCalls) -> None:
-    """The read tools and resources: problems, attempts, the leaderboard, through the service's own reads."""
-
-    @server.tool(description="Every problem the service knows: name, dtype, tolerance policy, shape counts.")
-    async def list_problems() -> CallToolResult:
+async def _run_tool(connect: ConnectCalls, tool: ToolName, ctx: Context, arguments: dict[str, Any]) -> CallToolResult:
+    """Queue the tool's job with the arguments as a submission's fields, follow it, answer its verdict."""
+    try:
+        request = SubmissionRequest.model_validate({**arguments, "proposer": f"mcp:{_client_name(ctx)}"})
+    except ValidationError as exc:
+        return invalid_arguments(exc, accepted=[*arguments])
+    try:
         async with connect() as calls:
-            return await _answer(calls.problems())
-
-    @server.tool(description="One problem: its reference source, shapes (sizes, FLOP and byte counts), tolerance.")
-    async def get_problem(name: ProblemName) -> CallToolResult:
-        async with connect() as calls:
-            return await _answer(calls.problem(name))
-
-    @server.tool(description="One attempt: its code, status, speedup and every evaluation with its full result.")
-    async def get_attempt(attempt_id: AttemptId) -> CallToolResult:
-        async with connect() as calls:
-            return await _answer(calls.attempt(attempt_id))
-
-    @server.tool(description="A problem's correct attempts, fastest first (speedup over eager PyTorch).")
-    async def leaderboard(
-        problem: ProblemName, backend: Backend | None = None, limit: LeaderboardLimit = 10
-    ) -> CallToolResult:
-        async with connect() as calls:
-            return await _answer(calls.leaderboard(problem, backend, limit))
-
-    @server.resource("kernelloop://problems/{name}", mime_type="application/json", description="a problem")
-    async def problem_resource(name: str) -> str:
-        async with connect() as calls:
-            return await _resource(calls.problem(name))
-
-    @server.resource("kernelloop://attempts/{attempt_id}", mime_type="application/json", description="an attempt")
-    async def attempt_resource(attempt_id: str) -> str:
-        if not (attempt_id.isdigit() and 1 <= int(attempt_id) <= MAX_ID):
-            raise ValueError(f"attempt_id: {attempt_id!r} is not an attempt id (a whole number from 1)")
-        async with connect() as calls:
-            return await _resource(calls.attempt(int(attempt_id)))
+            job = await _submit_and_follow(calls, tool, request, ctx)
+    except Refused as exc:
+        return _failed(exc)
+    whole = f"GET /v1/jobs/{job.id} on the service's HTTP API has the whole"
+    answer = bounded(job.model_dump(mode="json"), whole)
+    text = "\n".join(filter(None, [_job_summary(job, request.code), truncation_note(answer)]))
+    return CallToolResult(content=[TextContent(text=bounded_text(text, whole))], structured_content=answer)
 
 
-def _register_tool(server: MCPServer, name: ToolName, summary: str, run_tool: Callable[..., Any]) -> None:
+def _phase_tool(name: ToolName, summary: str, connect: ConnectCalls) -> Tool:
     """One tool per phase, with the HTTP tool's arguments (GET /v1/tools describes them the same way)."""
 
     async def tool(
@@ -175,12 +135,68 @@ def _register_tool(server: MCPServer, name: ToolName, summary: str, run_tool: Ca
         code: str,
         ctx: Context,
         backend: Backend | None = None,
-        options: dict | None = None,
+        options: EvalOptions | None = None,
         rationale: str | None = None,
     ) -> CallToolResult:
-        return await run_tool(name, ctx, problem, code, backend, options, rationale)
+        arguments = {"problem": problem, "code": code, "backend": backend, "options": options, "rationale": rationale}
+        return await _run_tool(connect, name, ctx, arguments)
 
-    server.tool(name=name, description=summary + " Arguments as POST /v1/" + TOOLS[name].endpoint.split("/")[-1])(tool)
+    endpoint = TOOLS[name].endpoint.split("/")[-1]
+    return Tool.from_function(tool, name=name, description=f"{summary} Arguments as POST /v1/{endpoint}")
+
+
+def _read_tools(connect: ConnectCalls) -> list[Tool]:
+    """The read tools: problems, attempts, the leaderboard, through the service's own reads."""
+
+    async def list_problems() -> CallToolResult:
+        async with connect() as calls:
+            return await _answer(calls.problems(), "GET /v1/problems")
+
+    async def get_problem(name: ProblemName) -> CallToolResult:
+        async with connect() as calls:
+            return await _answer(calls.problem(name), f"GET /v1/problems/{quote(name, safe='')}")
+
+    async def get_attempt(attempt_id: AttemptId) -> CallToolResult:
+        async with connect() as calls:
+            return await _answer(calls.attempt(attempt_id), f"GET /v1/attempts/{attempt_id}")
+
+    async def leaderboard(
+        problem: ProblemName, backend: Backend | None = None, limit: LeaderboardLimit = 10
+    ) -> CallToolResult:
+        async with connect() as calls:
+            return await _answer(
+                calls.leaderboard(problem, backend, limit), f"GET /v1/problems/{quote(problem, safe='')}/leaderboard"
+            )
+
+    described: dict[Callable[..., Awaitable[CallToolResult]], str] = {
+        list_problems: "Every problem the service knows: name, dtype, tolerance policy, shape counts.",
+        get_problem: "One problem: its reference source, shapes (sizes, FLOP and byte counts), tolerance.",
+        get_attempt: "One attempt: its code, status, speedup and every evaluation with its full result "
+        "(a very large code or log comes back cut, with a note saying where the whole is).",
+        leaderboard: "A problem's correct attempts, fastest first (speedup over eager PyTorch).",
+    }
+    return [Tool.from_function(fn, description=description) for fn, description in described.items()]
+
+
+def _register_resources(server: MCPServer, connect: ConnectCalls) -> None:
+    """A problem and an attempt as resources; an unknown one is a not-found error (-32602) saying so."""
+
+    @server.resource("kernelloop://problems/{name}", mime_type="application/json", description="a problem")
+    async def problem_resource(name: str) -> str:
+        if unreadable_text(name) is not None:
+            raise ResourceNotFoundError(f"name: {name!r} is not a problem name (it is not valid text)")
+        async with connect() as calls:
+            return await _resource(calls.problem(name), f"GET /v1/problems/{quote(name, safe='')}")
+
+    @server.resource("kernelloop://attempts/{attempt_id}", mime_type="application/json", description="an attempt")
+    async def attempt_resource(attempt_id: str) -> str:
+        if not (attempt_id.isdigit() and 1 <= int(attempt_id) <= MAX_ID):
+            raise ResourceNotFoundError(
+                f"attempt_id: {attempt_id!r} is not an attempt id; use a whole number from 1 to {MAX_ID} "
+                "(kernelloop://attempts/7)"
+            )
+        async with connect() as calls:
+            return await _resource(calls.attempt(int(attempt_id)), f"GET /v1/attempts/{attempt_id}")
 
 
 async def _submit_and_follow(
@@ -222,9 +238,11 @@ def _job_summary(job: JobPublic, code: str) -> str:
 
 
 def _client_name(ctx: Context) -> str:
+    """The client's own name, as printable text (it is kept with every attempt as the proposer)."""
     params = getattr(ctx.session, "client_params", None)
     info = getattr(params, "client_info", None)
-    return str(getattr(info, "name", "") or "client")[:100]
+    name = "".join(ch for ch in str(getattr(info, "name", "") or "") if ch.isprintable())
+    return name[:100] or "client"
 
 
 def _client_address(ctx: Context) -> str:
@@ -234,29 +252,35 @@ def _client_address(ctx: Context) -> str:
     return str(address or "mcp")
 
 
-def _failed(message: str) -> CallToolResult:
-    return CallToolResult(content=[TextContent(text=message)], is_error=True)
+def _failed(exc: Refused) -> CallToolResult:
+    if exc.body is not None:
+        return refused(exc.body, exc.status_code or 422)
+    return CallToolResult(content=[TextContent(text=str(exc))], is_error=True)
 
 
-def _json(answer: BaseModel | Sequence[BaseModel]) -> Any:
+def _json(answer: BaseModel | Sequence[BaseModel]) -> dict[str, Any]:
     if isinstance(answer, BaseModel):
         return answer.model_dump(mode="json")
-    return [item.model_dump(mode="json") for item in answer]
+    return {"items": [item.model_dump(mode="json") for item in answer]}
 
 
-async def _answer(call: Awaitable[BaseModel | Sequence[BaseModel]]) -> CallToolResult:
+async def _answer(call: Awaitable[BaseModel | Sequence[BaseModel]], route: str) -> CallToolResult:
     try:
-        answer = _json(await call)
+        answer = bounded(_json(await call), f"{route} on the service's HTTP API has the whole")
     except Refused as exc:
-        return _failed(str(exc))
+        return _failed(exc)
+    text = json.dumps(answer, indent=1)
+    note = truncation_note(answer)
     return CallToolResult(
-        content=[TextContent(text=json.dumps(answer, indent=1)[:20000])],
-        structured_content=answer if isinstance(answer, dict) else {"items": answer},
+        content=[TextContent(text=bounded_text(f"{note}\n{text}" if note else text, "the structured content has it"))],
+        structured_content=answer,
     )
 
 
-async def _resource(call: Awaitable[BaseModel | Sequence[BaseModel]]) -> str:
+async def _resource(call: Awaitable[BaseModel | Sequence[BaseModel]], route: str) -> str:
     try:
-        return json.dumps(_json(await call))
+        return json.dumps(bounded(_json(await call), f"{route} on the service's HTTP API has the whole"))
     except Refused as exc:
-        raise ValueError(str(exc)) from exc
+        if exc.status_code == 404:
+            raise ResourceNotFoundError(str(exc)) from exc
+        raise ResourceError(str(exc)) from exc

@@ -56,7 +56,7 @@ class OverHttp:
 
 def _answered(answer: T | ServiceFailure) -> T:
     if isinstance(answer, ServiceFailure):
-        raise Refused(str(answer))
+        raise Refused(str(answer), status_code=answer.status_code)
     return answer
 
 

@@ -127,7 +127,7 @@ def test_a_problem_name_is_only_a_name_not_a_path_into_the_api(service: ServiceP
 
     mounted, leaderboard, over_stdio = anyio.run(main)
     for result, name in zip(mounted, ("../attempts/1", "../runs")):
-        assert result.is_error and not result.structured_content, result
+        assert result.is_error and result.structured_content["error"] == "unknown_problem", result  # no page of data
         text = result.content[0].text
         assert text.startswith(f"404 unknown_problem (name): unknown problem {name!r}") and PROBLEM in text, text
     assert leaderboard.is_error and "unknown_problem (problem)" in leaderboard.content[0].text, leaderboard
