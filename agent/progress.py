@@ -2,34 +2,109 @@
 
 One line when a proposal is submitted, one per job step as the service reports it (queued, compile
 passed, test ...), one with the outcome and the best so far; at the end, the table of attempts and
-where the best kernel was written.
+where the best kernel was written. While a step runs, a live line says its phase, the worker's last report
+and its seconds (a cold CUDA build takes minutes): on a terminal redrawn every second, as the tool commands'
+live line is (`kernelloop.cli.live_line`), elsewhere (a pipe, a log) printed every `TICK_S` seconds.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from typing import TextIO
 
 from kernelloop.agent.models import Outcome, Proposal, RunSummary, status_text
 from kernelloop.contract import JobEventPublic
 from kernelloop.tools.results import Status
 
+TICK_S = 5.0
+"""Seconds between the live lines of a running step where the stream is not a terminal."""
+REDRAW_S = 1.0
+"""Seconds between redraws of the live line on a terminal."""
+
 
 def _speed(value: float | None) -> str:
     return f"{value:.3f}x" if value is not None else "-"
 
 
-class Progress:
-    """Prints to `stream` (stdout by default); `quiet` keeps only notes and the summary."""
+@dataclass
+class _Running:
+    """The step under way: its phase (or `queued`), since when, and the worker's last report."""
 
-    def __init__(self, stream: TextIO | None = None, *, quiet: bool = False):
+    step: int
+    phase: str
+    since: float
+    message: str
+
+
+class Progress:
+    """Prints to `stream` (stdout by default); `quiet` keeps only notes and the summary. `tick_s`: seconds
+    between live lines of a running step (default: `REDRAW_S` on a terminal, else `TICK_S`)."""
+
+    def __init__(self, stream: TextIO | None = None, *, quiet: bool = False, tick_s: float | None = None):
         self.stream = stream or sys.stdout
         self.quiet = quiet
         self._started = time.monotonic()
+        self._terminal = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.tick_s = tick_s if tick_s is not None else (REDRAW_S if self._terminal else TICK_S)
+        self._lock = threading.Lock()
+        self._running: dict[int, _Running] = {}  # by step: trajectories run side by side
+        self._drawn = False  # a live line is on the terminal, to be cleared before the next print
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def _print(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        with self._lock:
+            if self._drawn:
+                self.stream.write("\r\033[K")
+                self._drawn = False
+            print(text, file=self.stream, flush=True)
+
+    def _track(self, step: int, running: _Running | None) -> None:
+        """Follow the step with the live line (None: it is no longer under way); the ticker starts with the first."""
+        if self.quiet:
+            return
+        with self._lock:
+            if running is None:
+                self._running.pop(step, None)
+            else:
+                self._running[step] = running
+        if running is not None and self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="kernelloop-progress", daemon=True)
+            self._ticker.start()
+
+    def live_line(self) -> str | None:
+        """The running steps' line: each one's phase, the worker's last report, seconds so far; None when none runs."""
+        with self._lock:
+            running = sorted(self._running.values(), key=lambda r: r.step)
+        if not running:
+            return None
+        now = time.monotonic()
+        parts = [f"step {r.step:>3}       {r.phase}: {r.message} ({now - r.since:.0f} s)" for r in running]
+        return f"{self._stamp()}  " + "; ".join(parts)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            line = self.live_line()
+            if line is None:
+                continue
+            with self._lock:
+                if self._terminal:
+                    self.stream.write("\r\033[K" + line)
+                    self._drawn = True
+                else:
+                    self.stream.write(line + "\n")
+                self.stream.flush()
+
+    def close(self) -> None:
+        """Stop the live line (the summary does too)."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        with self._lock:
+            self._running.clear()
 
     def _stamp(self) -> str:
         return f"{time.monotonic() - self._started:7.1f}s"
@@ -42,6 +117,7 @@ class Progress:
             return
         origin = f" from #{parent}" if parent is not None else ""
         self._print(f"{self._stamp()}  step {step:>3} [t{trajectory}] {proposal.tool}{origin}: {proposal.label or '-'}")
+        self._track(step, _Running(step, "queued", time.monotonic(), "waiting for a lane"))
 
     def job_event(self, step: int, event: JobEventPublic) -> None:
         """A line for what the service says about the step's job: queued, started, a failed check, a timed
@@ -49,6 +125,7 @@ class Progress:
         if self.quiet:
             return
         data = event.data
+        self._follow(step, event)
         if event.type == "queued":
             where = f" (position {data['queue_position']})" if data.get("queue_position") else ""
             text = f"job {event.job_id} queued{where} for {data.get('step') or ', '.join(data.get('steps', []))}"
@@ -72,7 +149,23 @@ class Progress:
             return  # finished / failed: the outcome line says how it ended
         self._print(f"{self._stamp()}  step {step:>3}       {text}")
 
+    def _follow(self, step: int, event: JobEventPublic) -> None:
+        """What the live line says next: the phase that started, the worker's report, the wait for the next."""
+        now, data = time.monotonic(), event.data
+        with self._lock:
+            running = self._running.get(step)
+        if event.type == "started":
+            lane = str(data.get("lane") or "a lane")
+            self._track(step, _Running(step, str(data.get("step")), now, f"started on {lane}"))
+        elif event.type == "progress" and running is not None and data.get("message"):
+            running.message = str(data["message"]).splitlines()[0][:120]
+        elif event.type in ("step_finished", "requeued", "interrupted"):
+            self._track(step, _Running(step, "queued", now, "waiting for a lane"))
+        elif event.type in ("finished", "failed", "cancelled"):
+            self._track(step, None)
+
     def outcome(self, outcome: Outcome, proposal: Proposal) -> None:
+        self._track(outcome.step, None)
         if self.quiet:
             return
         parts = [status_text(outcome.status)]
@@ -95,6 +188,7 @@ class Progress:
         )
 
     def summary(self, summary: RunSummary) -> None:
+        self.close()
         self._print("")
         self._print(f"run {summary.run_id} {summary.status}: {summary.reason}")
         self._print(

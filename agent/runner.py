@@ -7,7 +7,9 @@ here with a `RunRefused` that says what to do; nothing is recorded for it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
@@ -34,7 +36,17 @@ class RunRefused(BaseModel):
 
 
 def runs_dir(settings: AgentSettings, run_id: int) -> Path:
-    return settings.data_dir.resolve() / "runs" / f"run-{run_id}"
+    """The run's folder: `runs/run-ID` for a run of the embedded service (its database is in the data folder),
+    `runs/HOST-PORT-run-ID` for a run of the service at `settings.server_url`, whose run ids are its own."""
+    folder = f"run-{run_id}" if not settings.server_url else f"{service_label(settings.server_url)}-run-{run_id}"
+    return settings.data_dir.resolve() / "runs" / folder
+
+
+def service_label(url: str) -> str:
+    """A service's URL as a folder name: host-port, any other character as `_` (`gpu-box-8000`, `__1-8000`)."""
+    parts = urlsplit(url if "//" in url else f"http://{url}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return re.sub(r"[^A-Za-z0-9.-]", "_", f"{parts.hostname or 'service'}-{port}")
 
 
 def best_kernel_path(config: AgentRunConfig, settings: AgentSettings, run_id: int) -> Path:

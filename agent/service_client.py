@@ -120,7 +120,7 @@ class ServiceClient:
                 fix="a bug or an outage in the service: see its log; resume the run once it is fixed",
             )
         if response.status_code >= 400:
-            return _rejected(response)
+            return rejected(response)
         try:
             return TypeAdapter(answer_type).validate_json(response.content)
         except ValidationError as exc:
@@ -300,7 +300,7 @@ def _segment(name: str) -> str:
     return quote(name, safe="")
 
 
-def _rejected(response: httpx.Response) -> ServiceFailure:
+def rejected(response: httpx.Response) -> ServiceFailure:
     """A 4xx: the service's ErrorBody names the field and the fix."""
     try:
         body = response.json()

@@ -13,8 +13,12 @@ from kernelloop.cli.embedded import EmbeddedService, EmbeddedServiceError, serve
 
 
 def client_settings(args: argparse.Namespace) -> AgentSettings:
-    """The settings from the environment, the data folder from --data-dir when given."""
-    return AgentSettings(data_dir=Path(args.data_dir)) if args.data_dir else AgentSettings()
+    """The settings from the environment, the data folder from --data-dir and the service from --server when
+    given."""
+    given: dict[str, object] = {"data_dir": Path(args.data_dir)} if args.data_dir else {}
+    if getattr(args, "server", None):
+        given["server_url"] = args.server
+    return AgentSettings(**given)  # type: ignore[arg-type]
 
 
 def bearer_token(settings: AgentSettings) -> str | None:
@@ -27,7 +31,7 @@ def open_service(
     """The service's URL (and the embedded service, when one was started for `stack`'s life); None after
     printing why the embedded service could not start (the command then exits 2)."""
     try:
-        return serve_unless_given(args.server or settings.server_url, settings.data_dir, stack)
+        return serve_unless_given(settings.server_url, settings.data_dir, stack)
     except EmbeddedServiceError as exc:
         print(f"kernelloop {command}: {exc}", file=sys.stderr)
         return None

@@ -1,7 +1,8 @@
 """`kernelloop history runs|run ID|attempts|show ID|best`.
 
 It reads the database directly (the same queries as the API), so it works with the service stopped;
-`--db` takes a file path or any SQLAlchemy URL.
+`--db` takes a file path or any SQLAlchemy URL. `--server URL` reads a running service through its HTTP API
+instead (the token from KERNELLOOP_API_TOKEN), in the same shapes (`kernelloop.cli.history_source`).
 """
 
 from __future__ import annotations
@@ -13,19 +14,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
-from sqlmodel import Session
 
-from kernelloop.cli.common import service_settings
-from kernelloop.contract import AttemptFilter, AttemptStatus, RunPublic, RunStatus
-from kernelloop.storage import history, problems
-from kernelloop.storage.database import SchemaError, open_database
-from kernelloop.storage.models import Run
+from kernelloop.cli.history_source import HistoryError, HistoryReader, open_reader
+from kernelloop.contract import AttemptFilter, AttemptStatus, RunStatus
+from kernelloop.storage.database import SchemaError
 
 T = TypeVar("T", bound=BaseModel)
-
-
-def _open(args: argparse.Namespace):
-    return open_database(service_settings(args).resolved_database_url, create=False)
 
 
 def _print_json(value: BaseModel | Sequence[BaseModel]) -> None:
@@ -43,19 +37,8 @@ def _when(value: Any) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
-def _history_runs(args: argparse.Namespace) -> int:
-    engine = _open(args)
-    with Session(engine) as session:
-        problem_id = None
-        if args.problem:
-            row = problems.get_problem(session, args.problem)
-            if row is None:
-                print(f"kernelloop history: unknown problem {args.problem!r}", file=sys.stderr)
-                return 2
-            problem_id = row.id
-        page = history.list_runs(
-            session, problem_id=problem_id, status=RunStatus(args.status) if args.status else None, limit=args.limit
-        )
+def _history_runs(args: argparse.Namespace, reader: HistoryReader) -> int:
+    page = reader.runs(args.problem, RunStatus(args.status) if args.status else None, args.limit)
     if args.json:
         _print_json(page)
         return 0
@@ -69,10 +52,9 @@ def _history_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one(args: argparse.Namespace, fetch: Callable[[Session], T | None], missing: str) -> T | None:
+def _one(args: argparse.Namespace, fetch: Callable[[], T | None], missing: str) -> T | None:
     """One row for `history run|show`: printed as JSON with --json; None (after saying so) when absent."""
-    with Session(_open(args)) as session:
-        value = fetch(session)
+    value = fetch()
     if value is None:
         print(missing, file=sys.stderr)
     elif args.json:
@@ -80,12 +62,9 @@ def _one(args: argparse.Namespace, fetch: Callable[[Session], T | None], missing
     return value
 
 
-def _history_run(args: argparse.Namespace) -> int:
-    def fetch(session: Session) -> RunPublic | None:
-        row = session.get(Run, args.id)
-        return history.run_public(session, row) if row is not None else None
-
-    run = _one(args, fetch, f"kernelloop history run: no run {args.id} (kernelloop history runs lists them)")
+def _history_run(args: argparse.Namespace, reader: HistoryReader) -> int:
+    missing = f"kernelloop history run: no run {args.id} (kernelloop history runs lists them)"
+    run = _one(args, lambda: reader.run(args.id), missing)
     if run is None:
         return 2
     if args.json:
@@ -107,8 +86,7 @@ def _history_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _history_attempts(args: argparse.Namespace) -> int:
-    engine = _open(args)
+def _history_attempts(args: argparse.Namespace, reader: HistoryReader) -> int:
     f = AttemptFilter(
         problem=args.problem,
         run_id=args.run,
@@ -120,8 +98,7 @@ def _history_attempts(args: argparse.Namespace) -> int:
         limit=args.limit,
         offset=args.offset,
     )
-    with Session(engine) as session:
-        page = history.list_attempts(session, f)
+    page = reader.attempts(f)
     if args.json:
         _print_json(page)
         return 0
@@ -140,10 +117,10 @@ def _history_attempts(args: argparse.Namespace) -> int:
     return 0
 
 
-def _history_show(args: argparse.Namespace) -> int:
+def _history_show(args: argparse.Namespace, reader: HistoryReader) -> int:
     detail = _one(
         args,
-        lambda session: history.attempt_detail(session, args.id),
+        lambda: reader.attempt(args.id),
         f"kernelloop history show: no attempt {args.id} (kernelloop history attempts lists them)",
     )
     if detail is None:
@@ -183,17 +160,8 @@ def _history_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _history_best(args: argparse.Namespace) -> int:
-    engine = _open(args)
-    with Session(engine) as session:
-        if args.problem:
-            row = problems.get_problem(session, args.problem)
-            if row is None:
-                print(f"kernelloop history best: unknown problem {args.problem!r}", file=sys.stderr)
-                return 2
-            entries = history.leaderboard(session, problem_id=row.id, backend=args.backend, limit=args.limit)
-        else:
-            entries = history.leaderboard(session, backend=args.backend)
+def _history_best(args: argparse.Namespace, reader: HistoryReader) -> int:
+    entries = reader.best(args.problem, args.backend, args.limit)
     if args.json:
         _print_json(entries)
         return 0
@@ -209,12 +177,12 @@ def _history_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _guarded(handler):
+def _guarded(handler: Callable[[argparse.Namespace, HistoryReader], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            return handler(args)
-        except SchemaError as exc:
-            print(f"kernelloop history: {exc}", file=sys.stderr)
+            return handler(args, open_reader(args))
+        except (SchemaError, HistoryError) as exc:
+            print(f"kernelloop history {args.history_command}: {exc}", file=sys.stderr)
             return 2
 
     return run
@@ -226,6 +194,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--db", help="a SQLite file or a SQLAlchemy URL (default: the service's database)")
+        p.add_argument(
+            "--server", help="URL of a running service to read through its HTTP API (the token: KERNELLOOP_API_TOKEN)"
+        )
         p.add_argument("--data-dir", help="data folder holding the default database")
         p.add_argument("--json", action="store_true", help="print JSON (the API's shapes)")
 
