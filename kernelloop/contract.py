@@ -39,16 +39,20 @@ class JobStatus(str, enum.Enum):
     running = "running"
     finished = "finished"  # every step ran, or one failed and the rest were skipped: see `outcome`
     failed = "failed"  # the service could not run it (harness error, or interrupted too often): see `note`
+    cancelled = "cancelled"  # a client cancelled it: the steps that finished keep their verdicts, see `note`
 
 
-TERMINAL_JOB_STATUSES = {JobStatus.finished, JobStatus.failed}
+TERMINAL_JOB_STATUSES = {JobStatus.finished, JobStatus.failed, JobStatus.cancelled}
 
 AttemptStatus = enum.Enum(  # type: ignore[misc]
-    "AttemptStatus", {"pending": "pending", "failed": "failed", **{s.name: s.value for s in Status}}, type=str
+    "AttemptStatus",
+    {"pending": "pending", "failed": "failed", "cancelled": "cancelled", **{s.name: s.value for s in Status}},
+    type=str,
 )
 AttemptStatus.__doc__ = (
     "An attempt's latest outcome: a tool Status, `pending` while a job on it is queued or "
-    "running, `failed` when the service could not evaluate it."
+    "running, `failed` when the service could not evaluate it, `cancelled` when its job was cancelled "
+    "before any step gave it a verdict."
 )
 
 
@@ -463,6 +467,9 @@ class JobPublic(BaseModel):
     outcome: AttemptStatus | None = PydanticField(None, description="status of the last step that ran")
     note: str
     interruptions: int
+    cancel_requested_at: datetime | None = PydanticField(
+        None, description="when a client asked to cancel it: from then on no step of it starts, even after a restart"
+    )
     reused_attempt: bool = PydanticField(False, description="the same code was already an attempt in this run")
     created_at: datetime
     started_at: datetime | None

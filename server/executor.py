@@ -1,7 +1,8 @@
 """Where a job's step actually runs: one small interface, and the local implementation.
 
 The scheduler hands an `Executor` one step at a time on a lane; the executor runs it and returns the
-tool's result (blocking), reporting results-so-far through `on_progress`. The local executor runs the
+tool's result (blocking), reporting results-so-far through `on_progress`, and stops it when the step's
+`StopSwitch` is thrown (the job was cancelled). The local executor runs the
 tools in sandboxed worker processes on this host; a cluster engine (Ray, later) implements the same
 methods with lanes of its own (`ray_executor`).
 """
@@ -21,6 +22,7 @@ from kernelloop.tools.build import header_cache
 from kernelloop.tools.jobs import Step
 from kernelloop.tools.results import PhaseResult
 from kernelloop.tools.sandbox.launch import serve_object_cache
+from kernelloop.tools.sandbox.stop import StopSwitch
 from kernelloop.tools.sandbox.worker_pool import WorkerPool
 from kernelloop.tools.settings import SandboxSettings
 
@@ -55,9 +57,10 @@ class Executor(Protocol):
         """The lanes this executor offers; the scheduler runs one step at a time on each."""
         ...
 
-    def run(self, request: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+    def run(self, request: StepRequest, lane: Lane, on_progress: Progress, stop: StopSwitch) -> PhaseResult:
         """Run one step on `lane` and return its verdict; never raises for anything the code does, and
-        raises `StepLost` when the host running it went away."""
+        raises `StepLost` when the host running it went away. When `stop` is thrown, end the step's work at once
+        and return (or raise) soon: the scheduler discards what comes back."""
         ...
 
     def nodes(self) -> list[NodeInfo]:
@@ -107,10 +110,11 @@ class LocalExecutor:
         gpus = len(self._lanes) - cpus
         return [NodeInfo(id=socket.gethostname(), address="localhost", alive=True, cpus=cpus, gpus=gpus)]
 
-    def run(self, request: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+    def run(self, request: StepRequest, lane: Lane, on_progress: Progress, stop: StopSwitch) -> PhaseResult:
         visible = lane.gpu if lane.kind == "gpu" and lane.gpu is not None else ""
         settings = self.settings.model_copy(update={"worker_gpus": visible})
-        return api.run_phase(request.step, settings, on_progress, self.pool)
+        with stop.under():  # the step's sandboxed worker is killed when the switch is thrown
+            return api.run_phase(request.step, settings, on_progress, self.pool)
 
     def close(self) -> None:
         self.pool.close()

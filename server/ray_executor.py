@@ -14,8 +14,10 @@ own toolchain), instead of building again. Shipping beats pinning a job to one n
 tests need GPUs, and the node with a free CPU is rarely the one whose GPU is free next.
 
 A node that dies, or a task the cluster loses, raises `StepLost`; the scheduler queues the job again once
-and then ends it. A service that stops takes its tasks with it (Ray ends the tasks of a driver that exits),
-and the restarted service queues them again from the database, so no attempt is lost or run twice.
+and then ends it. A cancelled job's task is cancelled with force (its Ray worker, and with it the sandbox,
+killed); the scheduler ends the job `cancelled` whatever the task's end raises, so a cancelled job is never run
+again. A service that stops takes its tasks with it (Ray ends the tasks of a driver that exits), and the
+restarted service queues them again from the database, so no attempt is lost or run twice.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kernelloop.server.executor import Lane, StepLost, StepRequest
 from kernelloop.server.ray_node import NodeReport, run_step_on_node
 from kernelloop.tools.api import Progress
 from kernelloop.tools.results import PhaseResult
+from kernelloop.tools.sandbox.stop import StopSwitch
 
 log = logging.getLogger("kernelloop.ray")
 
@@ -59,7 +62,7 @@ class RayExecutor:
     def lanes(self) -> list[Lane]:
         return list(self._lanes)
 
-    def run(self, request: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+    def run(self, request: StepRequest, lane: Lane, on_progress: Progress, stop: StopSwitch) -> PhaseResult:
         job_id = request.job_id
         with self._lock:
             shipped = [self._builds[job_id]] if job_id in self._builds else []
@@ -70,9 +73,21 @@ class RayExecutor:
             max_retries=0,  # the scheduler decides what a lost step becomes, from the database
             name=f"kernelloop-job-{job_id}-{request.step.phase}",
         )
-        final: PhaseResult | None = None
         try:
             stream = cast(ray.ObjectRefGenerator, task.remote(request.step, shipped))
+            with stop.hook(lambda: ray.cancel(stream, force=True)):
+                final = self._follow(job_id, stream, on_progress)
+        except ray.exceptions.RayError as exc:
+            raise StepLost(_why_lost(exc)) from exc
+        if final is None:
+            raise StepLost("the step's task ended without a verdict")
+        return final
+
+    def _follow(self, job_id: int, stream: ray.ObjectRefGenerator, on_progress: Progress) -> PhaseResult | None:
+        """The task's reports as they come: progress passed on, the verdict returned, the build that follows it
+        kept. A loss after the verdict leaves the verdict standing (only the shipped build was lost)."""
+        final: PhaseResult | None = None
+        try:
             for reference in stream:
                 if final is not None:  # the build that follows the final report: kept where it lies
                     self._keep_build(job_id, reference)
@@ -85,12 +100,9 @@ class RayExecutor:
                     final = report.result
                     if not report.build_follows:
                         break
-        except ray.exceptions.RayError as exc:
-            if final is not None:  # only the shipped build was lost: the verdict stands
-                return final
-            raise StepLost(_why_lost(exc)) from exc
-        if final is None:
-            raise StepLost("the step's task ended without a verdict")
+        except ray.exceptions.RayError:
+            if final is None:
+                raise
         return final
 
     def _keep_build(self, job_id: int, reference: ray.ObjectRef[NodeReport]) -> None:

@@ -4,6 +4,10 @@ CPU lanes take builds and every step on the cpu backend; each GPU lane takes tes
 cuda backend for its own GPU, so two timings never share a device. The queue itself is the database
 (storage.queue): a thread only claims, runs through the executor, and records.
 
+A cancelled job's running step is stopped (`stop_step`): its worker killed through the step's StopSwitch, the
+job ended `cancelled` without a verdict for that step, the lane free for the next job within moments. A cancel
+stored by another service process on the same database is seen by a watcher that looks every `poll_s`.
+
 The CPU lanes also run the sandboxed checks of problems being registered (`run_on_cpu_lane`): one at a time per
 lane like any job, ahead of queued jobs, because a client is waiting on each; never more sandboxes at once
 than there are lanes.
@@ -16,6 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from datetime import datetime
 from typing import TypeVar
 
 from sqlalchemy import Engine
@@ -24,9 +29,10 @@ from sqlmodel import Session
 from kernelloop.contract import JobStatus
 from kernelloop.server.events import EventHub
 from kernelloop.server.executor import Executor, Lane, StepLost, StepRequest
-from kernelloop.storage import queue
+from kernelloop.storage import cancel, queue
 from kernelloop.storage.models import utcnow
 from kernelloop.tools.results import PhaseResult
+from kernelloop.tools.sandbox.stop import StopSwitch
 
 log = logging.getLogger("kernelloop.scheduler")
 T = TypeVar("T")
@@ -56,13 +62,17 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         self._busy: dict[str, int | None] = {lane.name: None for lane in self.lanes}
         self._cpu_work: deque[tuple[Callable[[], object], Future[object]]] = deque()
-        self._cancelled: set[int] = set()
+        self._switches: dict[int, StopSwitch] = {}
+        """job id -> the stop switch of its running step"""
 
     def start(self) -> None:
         for lane in self.lanes:
             thread = threading.Thread(target=self._lane_loop, args=(lane,), name=f"lane-{lane.name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        watcher = threading.Thread(target=self._watch_cancels, name="cancel-watch", daemon=True)
+        watcher.start()
+        self._threads.append(watcher)
 
     def stop(self) -> None:
         """Stop taking jobs. A step already running is not waited for: the caller re-queues it. Work waiting
@@ -130,43 +140,67 @@ class Scheduler:
         except BaseException as exc:  # the waiting caller gets it; the lane goes on
             future.set_exception(exc)
 
-    def cancel_after_step(self, job_id: int, note: str) -> None:
-        """The job's running step ends as its limits say (a hang within its call deadline); then the job ends,
-        its next steps not run. The step's verdict is kept: it ran."""
+    def stop_step(self, job_id: int) -> None:
+        """The job's cancel is stored: stop its running step now (if it runs on a lane of this service)."""
         with self._wakeup:
-            self._cancelled.add(job_id)
-        if queue.cancel_queued(self.engine, job_id, note):  # it was between steps: nothing runs it now
-            self._cancelled.discard(job_id)
-            self.hub.notify(job_id)
+            switch = self._switches.get(job_id)
+        if switch is not None:
+            switch.throw()
 
-    def _end_if_cancelled(self, job_id: int, status: JobStatus) -> None:
-        """After a step of a cancelled job: end it unless it ended anyway. When another lane claimed its next
-        step first, that lane ends it after the step (the job stays marked)."""
-        with self._wakeup:
-            if job_id not in self._cancelled:
-                return
-        note = "cancelled: the steps after the one that was running did not run"
-        if status != JobStatus.queued or queue.cancel_queued(self.engine, job_id, note):
-            with self._wakeup:
-                self._cancelled.discard(job_id)
+    def _watch_cancels(self) -> None:
+        """Stop the steps whose cancel was stored by someone else (another service on this database), or landed
+        before the lane had its step's switch."""
+        while not self._stopping.wait(self.poll_s):
+            running = [job_id for job_id in self._busy.values() if job_id is not None]
+            try:
+                asked = cancel.asked_among(self.engine, running)
+            except Exception:  # the database is away for a moment: look again later
+                log.exception("could not read the cancels of running jobs")
+                continue
+            for job_id in asked:
+                self.stop_step(job_id)
 
     def _run_step(self, lane: Lane, job_id: int) -> None:
         self._busy[lane.name] = job_id
         self.hub.notify(job_id)
+        switch = StopSwitch()
+        with self._wakeup:
+            self._switches[job_id] = switch
+        started = utcnow()
+        step = "step"
         try:
             with Session(self.engine) as session:
                 request = StepRequest(job_id=job_id, step=queue.current_step(session, job_id))
-            started = utcnow()
-            result = self.redact(self.executor.run(request, lane, lambda partial: self._progress(job_id, partial)))
+            step = request.step.phase
+
+            def on_progress(partial: PhaseResult) -> None:
+                self._progress(job_id, partial)
+
+            result = self.redact(self.executor.run(request, lane, on_progress, switch))
+            if switch.thrown:  # the verdict of a killed worker: the step was stopped, not judged
+                self._stopped(job_id, step, started)
+                return
             job = queue.finish_step(self.engine, job_id, result, started_at=started, finished_at=utcnow())
-            self._end_if_cancelled(job_id, job.status)
             if job.status == JobStatus.queued:
                 self.wake()
         except Exception as exc:
-            self._step_failed(lane, job_id, exc)
+            if switch.thrown:
+                self._stopped(job_id, step, started)
+            else:
+                self._step_failed(lane, job_id, exc)
         finally:
+            with self._wakeup:
+                self._switches.pop(job_id, None)
             self._busy[lane.name] = None
             self.hub.notify(job_id)
+
+    def _stopped(self, job_id: int, step: str, started: datetime) -> None:
+        seconds = (utcnow() - started).total_seconds()
+        try:
+            cancel.end_stopped(self.engine, job_id, step, seconds)
+        except Exception:  # left running with its cancel stored: the next start-up ends it
+            log.exception("job %d: could not record its cancel", job_id)
+        log.info("job %d: cancelled, its %s step stopped after %.1f s", job_id, step, seconds)
 
     def _step_failed(self, lane: Lane, job_id: int, exc: Exception) -> None:
         """The step gave no verdict. When the service is stopping, that is its own doing (an executor that lets go

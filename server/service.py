@@ -15,7 +15,14 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from kernelloop.contract import TERMINAL_JOB_STATUSES, JobPublic, ProblemCreate, ProblemDetail, SubmissionRequest
+from kernelloop.contract import (
+    TERMINAL_JOB_STATUSES,
+    JobPublic,
+    JobStatus,
+    ProblemCreate,
+    ProblemDetail,
+    SubmissionRequest,
+)
 from kernelloop.server.devices import gpu_inventory
 from kernelloop.server.errors import ApiError
 from kernelloop.server.events import EventHub
@@ -25,7 +32,7 @@ from kernelloop.server.problem_check import ProblemRejected, ProblemTooLarge, ch
 from kernelloop.server.redaction import Redactor, service_secrets
 from kernelloop.server.scheduler import LanesStopped, Scheduler
 from kernelloop.server.settings import ServiceSettings
-from kernelloop.storage import history, problems, queue
+from kernelloop.storage import cancel, history, idempotency, problems, queue
 from kernelloop.storage.models import Attempt, Job, Problem, Run
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import PHASES, JobPhase, shape_kinds_of, steps_of
@@ -35,6 +42,8 @@ from kernelloop.tools.results import Backend
 log = logging.getLogger("kernelloop.server")
 REGISTERED_MEANWHILE = "a problem named {name!r} was registered meanwhile"
 SEE_OR_RENAME = "GET /v1/problems/{name} to see it, or choose another name"
+CANCEL_WAIT_S = 5.0
+"""how long a cancel waits for a running job's stopped step to end the job, so its answer shows `cancelled`"""
 
 
 class Service:
@@ -115,9 +124,13 @@ class Service:
             return queue.job_public(session, job)
 
     def cancel(self, job_id: int, client: str) -> JobPublic:
-        """Stop a job: at once when it waits for a lane, else once its running step ends (by its own limits)."""
-        job = self.job(job_id)
-        if job.status in TERMINAL_JOB_STATUSES:
+        """Cancel a job: a queued one ends at once; a running one's cancel is stored before this returns (a
+        restart never runs it again), its step is stopped and the job ends within moments (waited for here, up
+        to CANCEL_WAIT_S). Ended `cancelled`, the verdicts of the steps that finished kept."""
+        self.job(job_id)  # 404 for an unknown job
+        asked = cancel.request(self.engine, job_id, client)
+        if asked == "ended":
+            job = self.job(job_id)
             raise ApiError(
                 409,
                 "job_ended",
@@ -125,15 +138,26 @@ class Service:
                 field="path.job_id",
                 fix="nothing to cancel: GET /v1/jobs/{job_id} has its verdicts",
             )
-        if not queue.cancel_queued(self.engine, job_id, f"cancelled by {client} before its next step ran"):
-            queue.add_note(self.engine, job_id, f"cancel asked by {client}: it ends when its running step does")
-            self.scheduler.cancel_after_step(job_id, f"cancelled by {client}")
-        self.scheduler.hub.notify(job_id)
-        return self.job(job_id)
+        self.hub.notify(job_id)
+        if asked == "asked":
+            self.scheduler.stop_step(job_id)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while True:
+            job = self.job(job_id)
+            if job.status in TERMINAL_JOB_STATUSES or time.monotonic() >= deadline:
+                return job
+            if job.status == JobStatus.queued:  # its step ended as the cancel came and queued the next: end it
+                with Session(self.engine) as session:
+                    cancel.end_if_queued(session, job_id, f"cancelled by {client} before its next step ran")
+                self.hub.notify(job_id)
+            time.sleep(0.1)
 
     # ---------------------------------------------------------------------------------- tools
-    def submit(self, phase: JobPhase, request: SubmissionRequest, client: str) -> JobPublic:
-        """Record the attempt and queue its job; every check a client can fail comes first."""
+    def submit(
+        self, phase: JobPhase, request: SubmissionRequest, client: str, once: idempotency.CallKey | None = None
+    ) -> JobPublic:
+        """Record the attempt and queue its job; every check a client can fail comes first. With `once` (an
+        Idempotency-Key), the key is kept with the job; KeyTaken when a concurrent call with it queued first."""
         size = len(request.code.encode())
         if size > self.settings.max_code_bytes:
             raise ApiError(
@@ -151,36 +175,18 @@ class Service:
             _check_shapes(spec, phase, backend, options)
             _check_lane_bounds(spec, phase, backend, options, self.settings)
             self._check_memory(spec, phase, backend)
-            if request.run_id is not None:
-                run = session.get(Run, request.run_id)
-                if run is None:
-                    raise ApiError(
-                        422,
-                        "unknown_run",
-                        f"no run {request.run_id}",
-                        field="body.run_id",
-                        fix="create a run with POST /v1/runs, or leave run_id out",
-                    )
-                if run.problem_id != problem.id:
-                    raise ApiError(
-                        422,
-                        "run_problem_mismatch",
-                        f"run {run.id} is not a run on {problem.name}",
-                        field="body.run_id",
-                        fix="use a run created for this problem",
-                    )
-            if request.parent_attempt_id is not None:
-                parent = session.get(Attempt, request.parent_attempt_id)
-                if parent is None or parent.problem_id != problem.id:
-                    raise ApiError(
-                        422,
-                        "unknown_parent",
-                        f"no attempt {request.parent_attempt_id} on {problem.name}",
-                        field="body.parent_attempt_id",
-                        fix="give an attempt id of the same problem, or leave it out",
-                    )
+            _check_lineage(session, request, problem)
             attempt, reused = history.create_attempt(session, problem, request, backend, client)
-            job = queue.enqueue(session, attempt, phase, options, client)
+            try:
+                job = queue.enqueue(session, attempt, phase, options, client, once)
+            except IntegrityError as exc:
+                if once is None:
+                    raise
+                session.rollback()
+                if not reused:  # the attempt was made for this call alone: it goes with it
+                    session.delete(attempt)
+                    session.commit()
+                raise idempotency.KeyTaken(once.key) from exc
             public = queue.job_public(session, job, reused_attempt=reused)
         self.scheduler.wake()
         return public
@@ -319,6 +325,38 @@ class Service:
                     fix=SEE_OR_RENAME,
                 ) from exc
             return problems.detail(row), True
+
+
+def _check_lineage(session: Session, request: SubmissionRequest, problem: Problem) -> None:
+    """The run and the parent attempt a submission names must exist and be of its problem."""
+    if request.run_id is not None:
+        run = session.get(Run, request.run_id)
+        if run is None:
+            raise ApiError(
+                422,
+                "unknown_run",
+                f"no run {request.run_id}",
+                field="body.run_id",
+                fix="create a run with POST /v1/runs, or leave run_id out",
+            )
+        if run.problem_id != problem.id:
+            raise ApiError(
+                422,
+                "run_problem_mismatch",
+                f"run {run.id} is not a run on {problem.name}",
+                field="body.run_id",
+                fix="use a run created for this problem",
+            )
+    if request.parent_attempt_id is not None:
+        parent = session.get(Attempt, request.parent_attempt_id)
+        if parent is None or parent.problem_id != problem.id:
+            raise ApiError(
+                422,
+                "unknown_parent",
+                f"no attempt {request.parent_attempt_id} on {problem.name}",
+                field="body.parent_attempt_id",
+                fix="give an attempt id of the same problem, or leave it out",
+            )
 
 
 def _same_problem(session: Session, name: str, source: str, conflict: str, fix: str) -> ProblemDetail | None:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy import Connection, DateTime, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlmodel import Session, SQLModel, select
 
@@ -49,7 +49,20 @@ def _longer_problem_names(connection: Connection) -> None:
         connection.execute(text("ALTER TABLE problems ADD COLUMN file_name TEXT"))
 
 
-MIGRATIONS: dict[int, Migration] = {1: _recount_attempts, 2: _add_suites, 3: _longer_problem_names}
+def _add_cancel_and_idempotency(connection: Connection) -> None:
+    """v4 -> v5: `jobs.cancel_requested_at` (a cancel asked is kept, so a restart never runs the job again; none for
+    the rows already there), and the idempotency_keys table, new and empty (ensure_schema creates it)."""
+    if "cancel_requested_at" not in {c["name"] for c in inspect(connection).get_columns("jobs")}:
+        kind = DateTime().compile(dialect=connection.dialect)  # as create_all makes it on this database
+        connection.execute(text(f"ALTER TABLE jobs ADD COLUMN cancel_requested_at {kind}"))
+
+
+MIGRATIONS: dict[int, Migration] = {
+    1: _recount_attempts,
+    2: _add_suites,
+    3: _longer_problem_names,
+    4: _add_cancel_and_idempotency,
+}
 """MIGRATIONS[n] upgrades a version-n database to version n+1."""
 
 

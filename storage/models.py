@@ -7,8 +7,8 @@ JSON of `kernelloop.tools.results` models and come back out as those same models
 Tables: problems, runs (one agent session), code (stored once by sha256), attempts (one submission:
 its run, parent, step, proposer and rationale, plus a summary of its evaluations for fast queries),
 evaluations (one compile, test or benchmark verdict with the full result), jobs (the queue),
-job events (what `GET /v1/jobs/{id}/events` streams), and suites with their entries (a set of problems
-and one solution each, scored as KernelBench scores them).
+job events (what `GET /v1/jobs/{id}/events` streams), idempotency keys (a retried tool call's job), and
+suites with their entries (a set of problems and one solution each, scored as KernelBench scores them).
 """
 
 from datetime import UTC, datetime
@@ -33,10 +33,11 @@ from kernelloop.contract import (
 from kernelloop.tools.phase_registry import JobPhase
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Bumped with every change to the tables or to what their columns mean; storage.database upgrades or refuses
 older databases (v2: an attempt's `correct` and `speedup` count only full-coverage verdicts; v3: suites; v4: a
-problem's name up to MAX_PROBLEM_NAME_CHARS, and the name of the file it was registered from)."""
+problem's name up to MAX_PROBLEM_NAME_CHARS, and the name of the file it was registered from; v5: a job's
+cancel request, and the idempotency keys of tool calls)."""
 
 
 class _Row(Protocol):
@@ -199,6 +200,9 @@ class Job(SQLModel, table=True):
     started_at: datetime | None = _timestamp()
     finished_at: datetime | None = _timestamp()
     updated_at: datetime | None = _timestamp()
+    cancel_requested_at: datetime | None = Field(
+        default=None, sa_type=UTCDateTime, description="a client asked to cancel it: no step of it starts again"
+    )
 
 
 class JobEvent(SQLModel, table=True):
@@ -207,8 +211,24 @@ class JobEvent(SQLModel, table=True):
     __tablename__ = "job_events"
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="jobs.id", index=True)
-    type: str = Field(description="queued, started, progress, step_finished, interrupted, requeued, finished, failed")
+    type: str = Field(
+        description="queued, started, progress, step_finished, interrupted, requeued, cancel_requested, "
+        "finished, failed, cancelled"
+    )
     data: dict = Field(default_factory=dict, sa_type=JSON)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class IdempotencyKey(SQLModel, table=True):
+    """A tool call's Idempotency-Key: a retry with the same key (and the same request) gets this job back."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (Index("ux_idempotency_keys_scope_key", "scope", "key", unique=True),)
+    id: int | None = Field(default=None, primary_key=True)
+    scope: str = Field(max_length=200, description="whose key: a digest of the bearer token, else the address")
+    key: str = Field(max_length=255)
+    request_sha256: str = Field(max_length=64, description="the tool and its body, canonical JSON")
+    job_id: int = Field(foreign_key="jobs.id")
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 

@@ -5,7 +5,8 @@ everything on the cpu backend on CPU lanes, tests and benchmarks on the cuda bac
 job at a time per GPU). A lane claims the oldest queued job that needs its kind with a conditional
 UPDATE, so two lanes never take the same job. At start-up, a job left `running` by a service that
 stopped is marked interrupted (note, counter, event) and queued again, or failed after too many tries.
-Every change is also a row in `job_events`, which the SSE stream replays.
+A job whose cancel was asked (storage.cancel) is never started or queued again: each of those paths ends it
+`cancelled` instead. Every change is also a row in `job_events`, which the SSE stream replays.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy import Engine, func, update
 from sqlmodel import Session, col, select
 
 from kernelloop.contract import JobLinks, JobPublic, JobStatus, LaneKind, StepProgress
+from kernelloop.storage import cancel, idempotency
 from kernelloop.storage.coverage import counted
 from kernelloop.storage.history import parse_result, record_evaluation
 from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, JobEvent, Problem, row_id, utcnow
@@ -50,7 +52,16 @@ def add_event(session: Session, job_id: int, type_: str, **data: object) -> None
     session.add(JobEvent(job_id=job_id, type=type_, data=data))
 
 
-def enqueue(session: Session, attempt: Attempt, phase: JobPhase, options: EvalOptions, client: str) -> Job:
+def enqueue(
+    session: Session,
+    attempt: Attempt,
+    phase: JobPhase,
+    options: EvalOptions,
+    client: str,
+    once: idempotency.CallKey | None = None,
+) -> Job:
+    """Queue the attempt's job; with `once`, its idempotency key in the same transaction (an IntegrityError when
+    a concurrent call with the same key got there first: nothing is queued)."""
     steps = steps_for(phase, attempt.backend)
     job = Job(
         attempt_id=row_id(attempt),
@@ -65,6 +76,8 @@ def enqueue(session: Session, attempt: Attempt, phase: JobPhase, options: EvalOp
     attempt.status, attempt.updated_at = "pending", utcnow()
     session.add(attempt)
     session.flush()
+    if once is not None:
+        idempotency.remember(session, once, row_id(job))
     add_event(session, row_id(job), "queued", steps=steps, needs=job.needs, queue_position=queue_position(session, job))
     session.commit()
     session.refresh(job)
@@ -92,8 +105,12 @@ def claim_next(engine: Engine, needs: LaneKind, lane: str) -> int | None:
                 )
             )
             if claimed.rowcount == 1:
-                job = session.get(Job, job_id)
+                job = session.get(Job, job_id, populate_existing=True)
                 assert job is not None
+                if job.cancel_requested_at is not None:  # asked while it was queued again: it ends here
+                    cancel.end(session, job, "cancelled: its next step was not started")
+                    session.commit()
+                    continue
                 add_event(session, job_id, "started", step=job.steps[job.step_index], lane=lane)
                 session.commit()
                 return job_id
@@ -173,10 +190,6 @@ def finish_step(
             started_at=started_at,
             finished_at=finished_at,
         )
-        job = session.get(Job, job_id)
-        assert job is not None
-        attempt = session.get(Attempt, job.attempt_id)
-        assert attempt is not None
         step = job.steps[job.step_index]
         extra = {"speedup": result.geomean_speedup} if isinstance(result, BenchmarkResult) else {}
         add_event(
@@ -189,8 +202,15 @@ def finish_step(
             evaluation_id=evaluation.id,
             **extra,
         )
+        session.flush()  # the write opens the transaction: a cancel stored while the step ran is seen below
+        job = session.get(Job, job_id, with_for_update=True, populate_existing=True)  # locked on PostgreSQL
+        assert job is not None
+        attempt = session.get(Attempt, job.attempt_id)
+        assert attempt is not None
         job.outcome, job.updated_at, job.lane = result.status.value, utcnow(), None
-        if result.status == Status.passed and job.step_index + 1 < len(job.steps):
+        if job.cancel_requested_at is not None:
+            cancel.end(session, job, f"cancelled: its {step} step had finished; no later step ran")
+        elif result.status == Status.passed and job.step_index + 1 < len(job.steps):
             job.step_index += 1
             job.needs = lane_kind(job.steps[job.step_index], attempt.backend)
             job.status = JobStatus.queued
@@ -222,23 +242,6 @@ def fail_job(engine: Engine, job_id: int, note: str) -> None:
         assert job is not None
         _fail(session, job, note)
         session.commit()
-
-
-def cancel_queued(engine: Engine, job_id: int, note: str) -> bool:
-    """End the job now if it is waiting for a lane (never one a lane has just claimed): True when it was."""
-    with Session(engine) as session:
-        claimed = session.exec(
-            update(Job)
-            .where(col(Job.id) == job_id, col(Job.status) == JobStatus.queued.value)
-            .values(status=JobStatus.failed.value)
-        )
-        if claimed.rowcount != 1:
-            return False
-        job = session.get(Job, job_id)
-        assert job is not None
-        _fail(session, job, note)
-        session.commit()
-        return True
 
 
 def add_note(engine: Engine, job_id: int, note: str) -> None:
@@ -287,6 +290,9 @@ def requeue_lost(engine: Engine, job_id: int, *, max_interruptions: int, reason:
 
 def _interrupt(session: Session, job: Job, reason: str, max_interruptions: int, counts: bool) -> bool:
     step, lane = job.steps[job.step_index], job.lane
+    if job.cancel_requested_at is not None:  # its cancel was asked: it ends, never to run again
+        cancel.end(session, job, f"cancelled: its {step} step on lane {lane} ended with it ({reason}); not run again")
+        return False
     job.interruptions += 1 if counts else 0
     stamp = utcnow().strftime("%Y-%m-%d %H:%M:%S UTC")
     line = f"{stamp}: interrupted ({reason}) during step {step} on lane {lane}"
@@ -370,6 +376,7 @@ def job_public(session: Session, job: Job, *, reused_attempt: bool = False) -> J
         outcome=job.outcome,
         note=job.note,
         interruptions=job.interruptions,
+        cancel_requested_at=job.cancel_requested_at,
         reused_attempt=reused_attempt,
         created_at=job.created_at,
         started_at=job.started_at,

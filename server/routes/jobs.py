@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 from sqlmodel import Session
 
-from kernelloop.contract import ErrorBody, JobEventPublic, JobPublic, JobStatus, Page
+from kernelloop.contract import TERMINAL_JOB_STATUSES, ErrorBody, JobEventPublic, JobPublic, JobStatus, Page
 from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
 from kernelloop.server.routes.deps import MAX_ID, JobId, ServiceDep, SessionDep
 from kernelloop.server.service import Service
@@ -19,7 +19,7 @@ from kernelloop.storage.models import Job
 
 router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[ReadGuard], responses=READ_GUARDED)
 
-TERMINAL_EVENTS = {"finished", "failed"}
+TERMINAL_EVENTS = {"finished", "failed", "cancelled"}
 SSE_EVENT = {
     "type": "object",
     "required": ["id", "event", "data"],
@@ -62,9 +62,11 @@ def get_job(job_id: JobId, service: ServiceDep) -> JobPublic:
     responses={code: {"model": ErrorBody} for code in (401, 404, 409, 422, 429)},
 )
 def cancel_job(job_id: JobId, service: ServiceDep, client: MutationGuard) -> JobPublic:
-    """Stop a job: a queued one ends at once (failed, its note says who cancelled it); a running one ends when
-    its running step does (each step is bounded by its limits, a hang by its call deadline) and its next steps
-    do not run. The verdicts of the steps that ran are kept."""
+    """Cancel a job: it ends `cancelled` (its note says who cancelled it). A queued one ends at once; for a
+    running one the cancel is stored before the answer (a restart never runs the job again), its running step
+    is stopped (its sandboxed worker killed, its lane freed) and the answer comes once the job has ended, or
+    after a few seconds with the job as it is. The verdicts of the steps that finished are kept; the stopped
+    step has none. 409 when the job has already ended."""
     return service.cancel(job_id, client)
 
 
@@ -74,7 +76,7 @@ def cancel_job(job_id: JobId, service: ServiceDep, client: MutationGuard) -> Job
     responses={
         200: {
             "description": "Server-Sent Events, one per JobEventPublic: `id`, `event` (its type) "
-            "and `data` (its JSON); the stream ends after `finished` or `failed`",
+            "and `data` (its JSON); the stream ends after `finished`, `failed` or `cancelled`",
             # the body is a stream of events, not one JSON document: the schema is that of one event, as
             # SSE clients (and OpenAPI 3.2's itemSchema) read it, its `data` the JSON of a JobEventPublic
             "content": {"text/event-stream": {"schema": SSE_EVENT}},
@@ -90,7 +92,8 @@ async def job_events(
     last_event_id: Annotated[str | None, Header(description="resume after this event id")] = None,
 ) -> StreamingResponse:
     """Stream the job's events: queued, started, progress (per shape and seed), step_finished, interrupted,
-    requeued, finished or failed. Past events are replayed first, so a late subscriber misses nothing."""
+    requeued, cancel_requested, and at the end finished, failed or cancelled. Past events are replayed first, so
+    a late subscriber misses nothing."""
     await asyncio.to_thread(service.job, job_id)  # 404 for an unknown job, before the stream starts
     resume = int(last_event_id) if last_event_id and last_event_id.strip().isdigit() else 0
     return StreamingResponse(
@@ -106,7 +109,7 @@ def _read(service: Service, job_id: int, after: int) -> tuple[list[JobEventPubli
             JobEventPublic.model_validate(e, from_attributes=True) for e in queue.events_after(session, job_id, after)
         ]
         job = session.get(Job, job_id)
-        done = job is None or job.status in (JobStatus.finished.value, JobStatus.failed.value)
+        done = job is None or job.status in TERMINAL_JOB_STATUSES
         return events, done
 
 

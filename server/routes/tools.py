@@ -1,17 +1,19 @@
 """POST /v1/compile, /v1/test, /v1/benchmark and /v1/evaluate (one per tool of the phase registry): record an
 attempt, queue its job, and by default wait for the verdict (200); with wait=false, or past the wait bound,
-answer 202 with the job."""
+answer 202 with the job. An Idempotency-Key header makes a retried call answer with its first call's job
+(server.idempotency)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from kernelloop.contract import TERMINAL_JOB_STATUSES, ErrorBody, JobPublic, SubmissionRequest
-from kernelloop.server.auth import MutationGuard
+from kernelloop.server import idempotency
+from kernelloop.server.auth import Credentials, MutationGuard
 from kernelloop.server.errors import ApiError
 from kernelloop.server.routes.deps import ServiceDep
 from kernelloop.tools.phase_registry import TOOLS, JobPhase, ToolSpec
@@ -47,6 +49,17 @@ def refuse_unknown_query(request: Request) -> None:
         )
 
 
+IdempotencyHeader = Annotated[
+    str | None,
+    Header(
+        alias=idempotency.HEADER,
+        description="a key of your own (e.g. a UUID) for this request: a retry with the same key and body answers "
+        "with the first call's job instead of queueing a second (header Idempotent-Replayed: true); the same key "
+        "with another body is a 422. Scoped to the bearer token (else the client's address), kept in the database",
+    ),
+]
+
+
 async def _submit(
     service: ServiceDep,
     phase: JobPhase,
@@ -55,8 +68,15 @@ async def _submit(
     wait: bool,
     timeout_s: float | None,
     response: Response,
+    once: tuple[str, str] | None = None,
 ) -> JobPublic:
-    job = await run_in_threadpool(service.submit, phase, body, client)
+    """Queue the job (or, with `once` = (scope, key), find the one its key queued before) and wait as asked."""
+    if once is None:
+        job = await run_in_threadpool(service.submit, phase, body, client)
+    else:
+        job, replayed = await run_in_threadpool(idempotency.submit_once, service, phase, body, client, *once)
+        if replayed:
+            response.headers[idempotency.REPLAYED_HEADER] = "true"
     if wait:
         limit = min(timeout_s or service.settings.max_wait_s, service.settings.max_wait_s)
         job = await service.wait(job.id, limit, reused_attempt=job.reused_attempt)
@@ -72,10 +92,13 @@ def _tool_route(tool: ToolSpec) -> Callable[..., Awaitable[JobPublic]]:
         service: ServiceDep,
         client: MutationGuard,
         response: Response,
+        credentials: Credentials,
         wait: Wait = True,
         timeout_s: Timeout = None,
+        idempotency_key: IdempotencyHeader = None,
     ) -> JobPublic:
-        return await _submit(service, tool.phase, body, client, wait, timeout_s, response)
+        once = None if idempotency_key is None else (idempotency.scope_of(credentials, client), idempotency_key)
+        return await _submit(service, tool.phase, body, client, wait, timeout_s, response, once)
 
     route.__name__ = tool.name
     route.__doc__ = tool.summary

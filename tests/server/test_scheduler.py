@@ -21,6 +21,7 @@ from kernelloop.storage.models import Job
 from kernelloop.tools.api import Progress
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.results import PhaseResult
+from kernelloop.tools.sandbox.stop import StopSwitch
 
 
 class ClusterStandIn:
@@ -36,7 +37,7 @@ class ClusterStandIn:
     def lanes(self) -> list[Lane]:
         return [Lane(name="ray-cpu-0", kind="cpu")]
 
-    def run(self, request: StepRequest, lane: Lane, on_progress: Progress) -> PhaseResult:
+    def run(self, request: StepRequest, lane: Lane, on_progress: Progress, stop: StopSwitch) -> PhaseResult:
         self.runs += 1
         self.started.set()
         self.release.wait(30)

@@ -94,23 +94,25 @@ def test_over_http_the_cpu_example_evaluates_and_its_attempt_reads_back_as_a_res
 
 
 def test_a_client_that_leaves_mid_call_cancels_its_job(service: ServiceProcess) -> None:
-    slow = python_conv("import time\ntime.sleep(4)")  # no build: every step's worker sleeps 4 s at its import
+    slow = python_conv("import time\ntime.sleep(120)")  # no build: the compile's worker sleeps 120 s at its import
 
     async def main():
         async with _http(service) as client:
-            with anyio.move_on_after(2):  # the agent gives up and goes away while the job runs
+            with anyio.move_on_after(3):  # the agent gives up and goes away while the job runs
                 await client.call_tool(
                     "evaluate", {"problem": PROBLEM, "code": slow, "backend": "cpu", "options": QUICK}
                 )
 
     anyio.run(main)
+    left = time.monotonic()
     api = service.client()
     (job,) = [j for j in api.get("/v1/jobs", params={"limit": 20}).json()["items"] if "cancel" in j["note"]]
-    deadline = time.monotonic() + 60
-    while job["status"] not in ("finished", "failed") and time.monotonic() < deadline:
-        time.sleep(0.5)
+    while job["status"] in ("queued", "running") and time.monotonic() - left < 60:
+        time.sleep(0.2)
         job = api.get(f"/v1/jobs/{job['id']}").json()
-    assert job["status"] == "failed" and len(job["results"]) < 3, job  # it did not run to its benchmark
+    # cancelled within seconds of the client leaving: its sleeping worker was killed, not waited for
+    assert job["status"] == "cancelled" and job["results"] == [], job
+    assert time.monotonic() - left < 15, job
 
 
 def test_a_problem_name_is_only_a_name_not_a_path_into_the_api(service: ServiceProcess) -> None:

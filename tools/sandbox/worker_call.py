@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from kernelloop.tools.build import header_cache, object_cache, toolchain
 from kernelloop.tools.results import SandboxReport
-from kernelloop.tools.sandbox import launch
+from kernelloop.tools.sandbox import launch, stop
 from kernelloop.tools.sandbox.limits import folder_bytes
 from kernelloop.tools.sandbox.worker_pool import Spare, SpareKind, WorkerPool
 from kernelloop.tools.settings import SandboxSettings
@@ -103,7 +103,8 @@ def call_worker(
         except BaseException:
             worker.discard()  # it waits for a job that will not come
             raise
-        report = worker.run(job, timeout_s, on_message)
+        with stop.killable(worker.proc):  # a cancelled step's worker is killed at once
+            report = worker.run(job, timeout_s, on_message)
         report.prestarted = spare is not None
         disk_bytes = folder_bytes(path)
         if on_finish is not None:
