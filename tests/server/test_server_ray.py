@@ -3,8 +3,8 @@ worker node with its own data folder, both on this machine, on the CPU backend.
 
 Shown: the service's lanes and /v1/health, /v1/devices come from the cluster; a tool call runs on the worker
 node (its build lands in that node's cache, not the service's) and is recorded in the history as any other;
-and a job whose node dies is queued again once, runs on the node that replaced it, and ends, failed and
-saying why, when that node dies too.
+a job whose node dies is queued again once, runs on the node that replaced it, and ends, failed and
+saying why, when that node dies too; a cancelled job's task is stopped and the job never runs again.
 """
 
 from __future__ import annotations
@@ -176,6 +176,27 @@ def test_a_service_killed_mid_step_runs_its_ray_job_once_after_the_restart(
         attempt = api.get(f"/v1/attempts/{job['attempt_id']}").json()
     assert done["outcome"] == "passed" and done["interruptions"] == 1, done
     assert len(attempt["evaluations"]) == 1  # one verdict: the killed service's task left none behind
+
+
+def test_a_cancelled_ray_job_ends_cancelled_and_never_runs_again(service: ServiceProcess, cluster: RayCluster) -> None:
+    slow = python_conv(f"import time\ntime.sleep(300)  # {time.time()}")  # a compile that would hold its lane
+    with service.client() as api:
+
+        def state(job_id: int) -> dict:
+            return api.get(f"/v1/jobs/{job_id}").json()
+
+        job = api.post("/v1/compile", params={"wait": "false"}, json=submission(code=slow)).json()
+        before = cluster.node_job_folders()
+        wait_for(lambda: cluster.node_job_folders() - before, what="the job to start on the worker node")
+        api.post(f"/v1/jobs/{job['id']}/cancel")
+        # its task is cancelled with force: the job ends as cancelled, not lost and queued again
+        ended = wait_for(lambda: (s := state(job["id"]))["status"] == "cancelled" and s, 60, "the job to end")
+        assert ended["results"] == [] and ended["interruptions"] == 0, ended
+        quick = api.post("/v1/compile", json=submission(code=python_conv(f"# {time.time()}"))).json()
+        assert quick["status"] == "finished", quick  # the lane is free again
+        events = api.get(f"/v1/jobs/{job['id']}/events").text
+        assert state(job["id"])["status"] == "cancelled"
+    assert events.count("event: started") == 1 and "event: requeued" not in events, events
 
 
 def test_a_job_whose_node_dies_is_queued_again_once_then_ends(service: ServiceProcess, cluster: RayCluster) -> None:
