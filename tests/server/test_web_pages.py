@@ -10,6 +10,7 @@ README shows it). Without Chromium the tests skip, unless KERNELLOOP_REQUIRE_BRO
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import CPU_EXAMPLE, PROBLEM, REPO, line_of, run_kernelloop
-from server_fixtures import TOKEN, ServiceProcess, submission
+from server_fixtures import COUNTED_EVAL, TOKEN, ServiceProcess, python_conv, submission
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 SEARCH_STEPS = 1  # the baseline; the compile error added to the run is its child
@@ -220,3 +221,46 @@ def test_without_the_token_a_page_sends_the_browser_to_the_login_form(seeded) ->
     assert live.status_code == 303  # the polled data needs the token too
     cookie_only = httpx.get(f"{service.url}/v1/runs", cookies={"kernelloop_token": TOKEN})
     assert cookie_only.status_code == 401  # the cookie opens the pages, never the API
+
+
+def _seconds(shown: str) -> int:
+    """A duration as the page prints it ("42 s", "3 min 05 s", "1 h 02 min") in seconds."""
+    units = {"h": 3600, "min": 60, "s": 1}
+    return sum(int(n) * units[unit] for n, unit in re.findall(r"(\d+) (h|min|s)\b", shown))
+
+
+def test_the_live_run_page_shows_the_best_speedup_and_duration_of_an_attempt_that_lands(visit: Visit, seeded) -> None:
+    service, _ = seeded
+    page = visit.page
+    with service.client() as api:
+        run = api.post("/v1/runs", json={"problem": PROBLEM, "proposer": "human", "name": "best-live"}).json()
+        started = time.monotonic()
+        visit.log_in(f"/runs/{run['id']}")
+        until(page, "window.kernelloopChart !== undefined")
+        assert page.locator("#run-best").inner_text() == "–"
+        job = api.post("/v1/evaluate", json=submission(python_conv(), run_id=run["id"], options=COUNTED_EVAL)).json()
+        assert job["outcome"] == "passed", job
+        landed = api.get(f"/v1/runs/{run['id']}").json()
+    elapsed = time.monotonic() - started
+    assert landed["best_speedup"] and landed["best_attempt_id"] == job["attempt_id"], landed
+    until(page, "document.querySelector('#run-best').innerText !== '–'")
+    assert page.locator("#run-best").inner_text() == f"{landed['best_speedup']:.2f}x"
+    assert page.locator("#run-best a").get_attribute("href") == f"/attempts/{job['attempt_id']}"
+    until(page, f"document.querySelector('#run-duration').innerText.match(/\\d+ s/) && {elapsed - 2}")
+    assert _seconds(page.locator("#run-duration").inner_text()) >= int(elapsed) - 2  # the run has lasted that long
+
+
+def test_on_a_phone_the_attempts_speedup_column_is_in_view(browser, seeded) -> None:
+    service, run = seeded
+    narrow = Visit(browser, service, width=375)
+    try:
+        narrow.log_in(f"/runs/{run['id']}")
+        heading = narrow.page.locator("#attempts thead th", has_text="Speedup")
+        cell = narrow.page.locator("#attempt-rows tr td.num").first
+        for element in (heading, cell):
+            box = element.bounding_box()
+            assert box is not None and 0 <= box["x"] and box["x"] + box["width"] <= 375, box
+        assert "x" in cell.inner_text() or cell.inner_text() == "–"
+    finally:
+        narrow.close()
+    assert not narrow.errors, narrow.errors
