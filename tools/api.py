@@ -150,6 +150,7 @@ def _call(
             result_fd=-1,
             submission_path=str(folder.path / "submission.py"),
             build_dir=str(folder.build_seen_by_worker),
+            observer_library=folder.observer_library,
             cache_key=key,
             cache_hit=restored[0],
             sent_at=time.time(),

@@ -6,6 +6,7 @@ format), which loads unmodified with its own single shape. Our problems may add 
     DTYPE = "float32"
     ALLOW_TF32 = True                      # tolerance policy: "tf32" if True, else strict "fp32"
     FORBIDDEN_OPS = ["*::*convolution*"]   # operators ModelNew may not call (fnmatch patterns over names)
+    FORBIDDEN_LIBRARIES = ["cudnn"]        # libraries fenced off from the candidate's process (only "cudnn")
     SHAPES = [{"name": ..., "init_inputs": [...], "input_shapes": [[...]],
                "correctness": True, "benchmark": False}, ...]
     def flops(init_inputs, input_shapes) -> int: ...        # for the roofline
@@ -25,7 +26,7 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -190,6 +191,9 @@ class ProblemSpec(BaseModel):
     dtype: str = "float32"
     tolerance: TolerancePolicy
     forbidden_ops: list[str] = []
+    forbidden_libraries: list[Literal["cudnn"]] = Field(
+        [], description="libraries whose files the candidate's process cannot read (tools/runner/library_fence.py)"
+    )
     shapes: list[ShapeSpec]
     has_metadata: bool = Field(description="False for a plain KernelBench file")
 
@@ -336,6 +340,7 @@ def _derive_spec(path: Path, name: str | None) -> ProblemSpec:
         dtype=dtype,
         tolerance=tolerance,
         forbidden_ops=list(getattr(module, "FORBIDDEN_OPS", [])),
+        forbidden_libraries=list(getattr(module, "FORBIDDEN_LIBRARIES", [])),
         shapes=shapes,
         has_metadata=has_metadata,
     )

@@ -33,6 +33,8 @@ ALLOW_TF32 = True  # PyTorch's default for cuDNN convolutions
 # patterns (fnmatch) over operator names: the whole convolution family, whatever namespace or overload
 FORBIDDEN_OPS = ["*::*convolution*", "*::conv1d*", "*::conv2d*", "*::conv3d*", "*::conv_*", "*::_conv_*",
                  "*::slow_conv*", "*::thnn_conv*", "*::cudnn_conv*", "*::miopen_conv*", "*::mkldnn_conv*"]
+# cuDNN's files are unreadable to the candidate's process: a binding cannot call it below the dispatcher either
+FORBIDDEN_LIBRARIES = ["cudnn"]
 
 
 def _shape(name, B, Cin, Cout, K, d, L, bias=False, correctness=True, benchmark=False, backends=("cuda", "cpu")):

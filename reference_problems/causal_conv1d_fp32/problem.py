@@ -3,6 +3,7 @@
 Same model, shapes and counts; only the precision policy differs."""
 
 from kernelloop.reference_problems.causal_conv1d.problem import (  # noqa: F401  (re-exported for the loader)
+    FORBIDDEN_LIBRARIES,
     FORBIDDEN_OPS,
     SHAPES,
     Model,

@@ -34,6 +34,8 @@ ALLOW_TF32 = False  # a depthwise conv has no matrix product: strict fp32
 # patterns (fnmatch) over operator names: the whole convolution family, whatever namespace or overload
 FORBIDDEN_OPS = ["*::*convolution*", "*::conv1d*", "*::conv2d*", "*::conv3d*", "*::conv_*", "*::_conv_*",
                  "*::slow_conv*", "*::thnn_conv*", "*::cudnn_conv*", "*::miopen_conv*", "*::mkldnn_conv*"]
+# cuDNN's files are unreadable to the candidate's process: a binding cannot call it below the dispatcher either
+FORBIDDEN_LIBRARIES = ["cudnn"]
 
 
 def _shape(name, B, D, L, K=4, bias=True, silu=True, correctness=True, benchmark=False, backends=("cuda", "cpu")):

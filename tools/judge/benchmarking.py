@@ -316,7 +316,6 @@ def _benchmark_one(
     timed = _ShapeTiming(session, clock, shape, overhead_ms)
     with stopwatch(result, "timing"):
         samples = timed.measure()
-    session.observe()
     forbidden = session.forbidden()
     if forbidden:
         raise Fail(Status.forbidden_op, forbidden_message(forbidden))

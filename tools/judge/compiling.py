@@ -7,18 +7,26 @@ message, never as an exception out of the judge.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.judge.inputs import SeedSource
+from kernelloop.tools.judge.operator_log import OperatorLog, Tampered
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.judge.session import DTYPES, Report, Session, device_of, stopwatch
 from kernelloop.tools.problems import import_problem_module, job_dtype, verdict_policy
 from kernelloop.tools.results import CompileResult, Status
 from kernelloop.tools.runner.messages import Load, Loaded, Start, Started
 
+NO_OBSERVER = (
+    "the operator observer's library is not available to the judge: the service could not build it (its log says "
+    "why; it needs the C++ compiler builds use), and without it nothing is tested or timed"
+)
 LOAD_IDLE_LIMIT_S = 25.0  # building and importing may take minutes, but not this long with no build running
 
 
@@ -38,13 +46,28 @@ def _blank_compile(job: WorkerJob) -> CompileResult:
 
 
 def start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileResult, Session | None]:
-    """Load the problem here and in the runner, before any candidate code runs."""
+    """Load the problem here and in the runner, before any candidate code runs; a test or a benchmark starts the
+    operator observer there first."""
     result, step = _blank_compile(job), job.step
+    operators: OperatorLog | None = None
+    observer_fds: list[int] = []
+    library = job.observer_library
+    if step.phase != "compile":
+        if not library:
+            result.status, result.message = Status.sandbox_error, NO_OBSERVER
+            return result, None
+        operators, *observer_fds = OperatorLog.open()
     try:
         problem_module = import_problem_module(Path(step.problem.path))
-        with stopwatch(result, "runner_start"):
-            request = Start(problem_path=step.problem.path, backend=step.backend, timing=step.phase == "benchmark")
-            started = link.ask(request, Started, 120)
+        with stopwatch(result, "runner_start"), _closed_after(observer_fds):
+            request = Start(
+                problem_path=step.problem.path,
+                backend=step.backend,
+                timing=step.phase == "benchmark",
+                forbidden_libraries=list(step.problem.forbidden_libraries),
+                observer_library=library if operators is not None else None,
+            )
+            started = link.ask(request, Started, 120, fds=observer_fds)
     except RunnerFailed as exc:
         result.status, result.message = Status.sandbox_error, f"the runner did not start: {exc}"
         return result, None
@@ -60,9 +83,19 @@ def start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileResu
     session = Session(
         job, link, report, device, problem_module, DTYPES.get(job_dtype(step.problem, precision), torch.float32),
         verdict_policy(step.problem, step.options.policy, precision), cast=precision is not None,
-        launch_overhead_ms=started.launch_overhead_ms, seeds=SeedSource(step.options.seed),
+        launch_overhead_ms=started.launch_overhead_ms, seeds=SeedSource(step.options.seed), operators=operators,
     )  # fmt: skip
     return result, session
+
+
+@contextmanager
+def _closed_after(fds: list[int]) -> Iterator[None]:
+    """The judge's copies of descriptors it sends: the runner holds its own once they are sent."""
+    try:
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def load(session: Session, result: CompileResult) -> CompileResult:
@@ -78,6 +111,7 @@ def load(session: Session, result: CompileResult) -> CompileResult:
         cache_key=job.cache_key,
         cache_hit=job.cache_hit,
         compile_only=step.phase == "compile",
+        epoch=session.operators.new_token() if session.operators is not None else "",
     )
     try:
         with stopwatch(result, "load"):
@@ -91,4 +125,10 @@ def load(session: Session, result: CompileResult) -> CompileResult:
         step.problem.name, step.backend, job.cache_key, job.cache_hit,
     )  # fmt: skip
     loaded.device, loaded.step_seconds = result.device, result.step_seconds
+    if session.operators is not None and loaded.status == Status.passed:
+        try:
+            session.operators.expect_epoch(request.epoch)
+        except Tampered as exc:
+            loaded.status = Status.suspicious
+            loaded.message = f"the operator check was interfered with from the candidate's process: {exc}"
     return loaded

@@ -25,6 +25,7 @@ from kernelloop.tools.jobs import Step, WorkerJob
 from kernelloop.tools.judge import checking
 from kernelloop.tools.judge import inputs as problem_inputs
 from kernelloop.tools.judge.inputs import SeedSource
+from kernelloop.tools.judge.operator_log import OperatorLog, Tampered
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import PhaseResult, Status, TolerancePolicy
@@ -33,8 +34,6 @@ from kernelloop.tools.runner.messages import (
     Argument,
     Call,
     Called,
-    Observe,
-    Observed,
     Prepare,
     Prepared,
     SharedTensor,
@@ -81,7 +80,8 @@ class Session:
     """KernelBench's precision option was given: the inputs and both models are cast to `dtype`"""
     launch_overhead_ms: float = 0.0
     calls_made: int = 0
-    ops: set[str] = field(default_factory=set)
+    operators: OperatorLog | None = None
+    """what the observer in the runner writes to the judge; None in a compile, which observes nothing"""
     seeds: SeedSource = field(default_factory=SeedSource)
     """every seed the judge draws (inputs, the models' initialization); never one the runner hears of for inputs"""
 
@@ -89,22 +89,42 @@ class Session:
     def step(self) -> Step:
         return self.job.step
 
+    @property
+    def ops(self) -> set[str]:
+        """The operators the candidate's process dispatched since its import began, as read so far."""
+        return self.operators.ops if self.operators is not None else set()
+
     def ask_call(self, request: Call, reference_s: float) -> Called:
-        """One forward in the runner, with a deadline scaled to the reference's time."""
+        """One forward of the candidate's in the runner, with a deadline scaled to the reference's time; the
+        observer's mark for it must follow on the judge's pipe."""
         deadline = max(CALL_DEADLINE_MIN_S, CALL_DEADLINE_FACTOR * reference_s)
         if self.calls_made == 0:
             deadline = max(deadline, FIRST_CALL_DEADLINE_S)
         self.calls_made += 1
-        return self.link.ask(request, Called, deadline)
-
-    def observe(self) -> None:
-        observed = self.link.ask(Observe(), Observed, CALL_DEADLINE_MIN_S)
-        if observed.ops is None:
-            raise Fail(Status.suspicious, "the operator observer was stopped from inside the candidate's process")
-        self.ops |= set(observed.ops)
+        assert self.operators is not None
+        request.mark = self.operators.new_token()
+        called = self.link.ask(request, Called, deadline)
+        with _tampering_fails():
+            self.operators.expect_mark(request.mark, f"call {self.calls_made}")
+        return called
 
     def forbidden(self) -> list[str]:
-        return sorted(op for op in self.ops if any(fnmatch.fnmatchcase(op, p) for p in self.step.problem.forbidden_ops))
+        """The forbidden operators the candidate's process dispatched since its import began, as the observer
+        wrote them (a record that shows tampering fails the phase as `suspicious`)."""
+        assert self.operators is not None
+        with _tampering_fails():
+            self.operators.refresh()
+        patterns = self.step.problem.forbidden_ops
+        return sorted(op for op in self.operators.ops if any(fnmatch.fnmatchcase(op, p) for p in patterns))
+
+
+@contextmanager
+def _tampering_fails() -> Iterator[None]:
+    try:
+        yield
+    except Tampered as exc:
+        why = f"the operator check was interfered with from the candidate's process: {exc}"
+        raise Fail(Status.suspicious, why) from None
 
 
 @contextmanager

@@ -40,6 +40,12 @@ class Start(BaseModel):
     problem_path: str
     backend: Backend
     timing: bool = Field(False, description="set up the L2 reset and calibrate the launch overhead: a benchmark")
+    forbidden_libraries: list[str] = Field([], description="fence these off before anything else (library_fence)")
+    observer_library: str | None = Field(
+        None,
+        description="start the operator observer from this library, with the two descriptors sent beside the "
+        "request (the judge's pipe, then the key); None: a compile, which observes nothing",
+    )
 
 
 class Load(BaseModel):
@@ -53,6 +59,7 @@ class Load(BaseModel):
     cache_key: str
     cache_hit: bool
     compile_only: bool
+    epoch: str = Field("", description="the judge's token for the mark that begins the candidate's epoch")
 
 
 class Prepare(BaseModel):
@@ -78,19 +85,14 @@ class Call(BaseModel):
     input_set: int
     slot: int
     timed: bool
-
-
-class Observe(BaseModel):
-    """Hand over the operators the candidate dispatched since it was prepared."""
-
-    kind: Literal["observe"] = "observe"
+    mark: str = Field("", description="the judge's token for the mark that ends the call, through the dispatcher")
 
 
 class Finish(BaseModel):
     kind: Literal["finish"] = "finish"
 
 
-Request = Annotated[Start | Load | Prepare | Call | Observe | Finish, Field(discriminator="kind")]
+Request = Annotated[Start | Load | Prepare | Call | Finish, Field(discriminator="kind")]
 
 
 class RequestEnvelope(BaseModel):
@@ -123,18 +125,11 @@ class Called(BaseModel):
     elapsed_ms: float | None = None
 
 
-class Observed(BaseModel):
-    kind: Literal["observed"] = "observed"
-    ops: list[str] | None = Field(
-        description="operators dispatched, as the runner's observer saw them; None: it was stopped"
-    )
-
-
 class Finished(BaseModel):
     kind: Literal["finished"] = "finished"
 
 
-Reply = Annotated[Started | Loaded | Prepared | Called | Observed | Finished, Field(discriminator="kind")]
+Reply = Annotated[Started | Loaded | Prepared | Called | Finished, Field(discriminator="kind")]
 
 
 class ReplyEnvelope(BaseModel):

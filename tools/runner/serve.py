@@ -19,14 +19,13 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from torch.autograd import profiler_legacy
 
 from kernelloop.tools.build import build_cache
 from kernelloop.tools.build.diagnostics import python_error_diagnostics
 from kernelloop.tools.judge import l2_cache
 from kernelloop.tools.problems import import_problem_module
 from kernelloop.tools.results import CompileResult, Status
-from kernelloop.tools.runner import candidate
+from kernelloop.tools.runner import candidate, library_fence, observer
 from kernelloop.tools.runner.channel import Channel, ChannelBroken
 from kernelloop.tools.runner.messages import (
     Call,
@@ -35,8 +34,6 @@ from kernelloop.tools.runner.messages import (
     Finished,
     Load,
     Loaded,
-    Observe,
-    Observed,
     Prepare,
     Prepared,
     Reply,
@@ -50,9 +47,6 @@ from kernelloop.tools.runner.shared_tensors import open_shared
 _synchronize = torch.cuda.synchronize
 _Event = torch.cuda.Event
 _perf_counter = time.perf_counter
-_enable_observer = torch.autograd._enable_profiler_legacy
-_disable_observer = torch.autograd._disable_profiler_legacy
-_OBSERVER_CONFIG = profiler_legacy.profile().config()  # CPU operator events only, no shapes, no stacks
 
 
 def _in_mode(model: torch.nn.Module, training_mode: bool) -> torch.nn.Module:
@@ -90,8 +84,6 @@ class Runner:
         self.reset_l2 = lambda: None
         self.launch_overhead_ms = 0.0
         self.no_gpu_reason = ""
-        self.observing = False
-        self.observer_stopped = False
 
     def serve(self) -> None:
         while True:
@@ -99,27 +91,38 @@ class Runner:
             request = envelope.request
             reply: Reply
             if isinstance(request, Start):
-                reply = self.start(request)
+                reply = self.start(request, fds)
             elif isinstance(request, Load):
                 reply = self.load(request)
             elif isinstance(request, Prepare):
                 reply = self.prepare(request, fds)
             elif isinstance(request, Call):
                 reply = self.call(request)
-            elif isinstance(request, Observe):
-                reply = Observed(ops=self.stop_observing())
             else:
                 assert isinstance(request, Finish)
                 reply = Finished()
             for fd in fds:
                 os.close(fd)
             self.channel.send(ReplyEnvelope(reply=reply))
+            if isinstance(request, Call) and request.mark:  # after the answer: the judge's clock has stopped
+                observer.mark(request.mark)
             if isinstance(request, Finish):
                 return
 
     # ---- start and load ---------------------------------------------------------------------------------
 
-    def start(self, request: Start) -> Started:
+    def start(self, request: Start, fds: list[int]) -> Started:
+        if request.observer_library is not None:  # first: it must see everything after it
+            if len(fds) != 2:
+                return Started(error="the operator observer's descriptors did not arrive")
+            why_not = observer.start(request.observer_library, fds[0], fds[1])
+            if why_not:
+                return Started(error=why_not)
+            observer.refuse_switches()
+        if request.forbidden_libraries:
+            why_not = library_fence.fence_off(request.forbidden_libraries)
+            if why_not:
+                return Started(error=why_not)
         self.wants_gpu = request.backend == "cuda"
         has_gpu = self.wants_gpu and torch.cuda.is_available()
         if self.wants_gpu and not has_gpu:
@@ -147,8 +150,8 @@ class Runner:
             cache_hit=request.cache_hit,
         )
         os.environ["TORCH_EXTENSIONS_DIR"] = request.build_dir
-        if self.observing:  # the build and import are not calls: nothing of theirs is the candidate's forward
-            self._stop_observer()
+        if request.epoch:  # from here on, what the observer sees is the candidate's
+            observer.epoch(request.epoch)
         started, compilers_before = time.perf_counter(), _children_cpu_seconds()
         try:
             module = candidate.import_submission(request.code, Path(request.submission_path))
@@ -224,7 +227,6 @@ class Runner:
             for arguments in request.input_sets
         ]
         self.output_slots = [[open_shared(s, fds, self.device) for s in slot] for slot in request.output_slots]
-        self._observe_from_now()  # what the reference's calls (calibration) dispatched is not the candidate's
         return Prepared(parameter_mapping=mapping)
 
     def _launch_overhead_ms(self, flush_buffer: torch.Tensor) -> float:
@@ -233,7 +235,6 @@ class Runner:
         precedes every timed call; the GPU's clocks are up)."""
         one = torch.zeros(1, device=flush_buffer.device)
         samples = []
-        self._observe_from_now()
         for _ in range(30):
             flush_buffer.zero_()
             _synchronize()
@@ -244,43 +245,13 @@ class Runner:
             end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end))
-        self._stop_observer()
         return sorted(samples)[len(samples) // 2]
-
-    def _observe_from_now(self) -> None:
-        """Start a fresh observation: the profiler's C++ operator callbacks (RecordFunction, below any Python
-        dispatch mode) stay on from here until the judge asks what they saw, so every call in between is
-        observed alike, timed or not, and no call pays to turn them on and off. The legacy profiler, not
-        Kineto's: with a GPU visible, Kineto's first start initializes CUPTI (5.9 s on the H200)."""
-        if self.observing:
-            self._stop_observer()
-        try:
-            _enable_observer(_OBSERVER_CONFIG)
-            self.observing = True
-        except Exception:  # the candidate left a profiler of its own running
-            self.observer_stopped = True
-
-    def _stop_observer(self) -> set[str]:
-        self.observing = False
-        try:
-            records = _disable_observer()
-            return {event.name() for thread in records for event in thread if event.kind() == "push"}
-        except Exception:  # the candidate turned it off (or on again with other settings)
-            self.observer_stopped = True
-            return set()
-
-    def stop_observing(self) -> list[str] | None:
-        """The operators dispatched since the observation started (the candidate's calls, and the runner's copies
-        of their outputs); None if the observer was tampered with. Observing goes on afresh."""
-        ops = self._stop_observer() if self.observing else set()
-        self._observe_from_now()
-        return None if self.observer_stopped else sorted(ops)
 
     # ---- call ------------------------------------------------------------------------------------------
 
     def call(self, request: Call) -> Called:
-        """One forward, under the operator observer like every call since `prepare` (its per-operator cost is in
-        the calibrated overhead), so a candidate cannot take another path when it is timed."""
+        """One forward, under the operator observer like every call (its cost is in the calibrated overhead), so
+        a candidate cannot take another path when it is timed; its mark follows the answer (`serve`)."""
         assert self.model is not None
         model, arguments = self.model, self.input_sets[request.input_set]
         gpu = self.device.type == "cuda"

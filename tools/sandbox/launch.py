@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kernelloop.tools.build import header_cache, object_cache, toolchain
+from kernelloop.tools.build import header_cache, object_cache, observer_library, toolchain
 from kernelloop.tools.results import Isolation, SandboxReport
 from kernelloop.tools.sandbox import seccomp, view
 from kernelloop.tools.sandbox.cgroups import JobCgroup
@@ -149,6 +149,14 @@ def build_dir_seen_by_worker(settings: SandboxSettings, job_dir: Path) -> Path:
     return job_dir / "build"
 
 
+def observer_seen_by_worker(settings: SandboxSettings, folder: Path | None) -> str | None:
+    """The operator observer's library as the worker sees it (a fixed path under bubblewrap)."""
+    if folder is None:
+        return None
+    seen_at = view.OBSERVER_MOUNT if available_isolation(settings) == "bubblewrap" else folder
+    return str(seen_at / observer_library.LIBRARY)
+
+
 def worker_argv(
     settings: SandboxSettings,
     job_dir: Path,
@@ -159,6 +167,7 @@ def worker_argv(
     seccomp_fd: int | None,
     headers: Path | None = None,
     objects: Path | None = None,
+    observer: Path | None = None,
 ) -> list[str]:
     """The bubblewrap prefix for one job (see kernelloop.tools.sandbox.view)."""
     hidden = [settings.data_dir.resolve(), Path(".env").resolve(), *settings.sandbox_hidden_paths]
@@ -172,6 +181,7 @@ def worker_argv(
         seccomp_fd=seccomp_fd,
         headers=headers,
         objects=objects,
+        observer=observer,
     )
 
 
@@ -275,10 +285,12 @@ class StartedWorker:
         cpu_limit_s: float,
         headers: Path | None = None,
         objects: Path | None = None,
+        observer: Path | None = None,
     ):
         """`headers`: a folder of precompiled headers to show read-only (kernelloop.tools.build.header_cache);
         `objects`: the objects of unchanged sources, read-only, for builds that use those headers
-        (kernelloop.tools.build.object_cache; under bubblewrap only)."""
+        (kernelloop.tools.build.object_cache; under bubblewrap only); `observer`: the folder of the operator
+        observer's library (kernelloop.tools.build.observer_library), read-only."""
         self.job_dir, self.settings = job_dir, settings
         self.isolation = available_isolation(settings)
         (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -291,8 +303,9 @@ class StartedWorker:
             keep.append(_seccomp_fd())
             objects = objects if headers is not None and build_dir is not None else None
             prefix = worker_argv(
-                settings, job_dir, build_dir, read_only, gpu=gpu, seccomp_fd=keep[1], headers=headers, objects=objects
-            )
+                settings, job_dir, build_dir, read_only, gpu=gpu, seccomp_fd=keep[1], headers=headers,
+                objects=objects, observer=observer,
+            )  # fmt: skip
             if objects is not None:
                 env = {**env, **object_cache.build_environment(view.OBJECTS_MOUNT, view.BUILD_MOUNT)}
         elif self.isolation == "unshare":

@@ -23,6 +23,7 @@ import kernelloop
 SANDBOX_UID = 65534  # nobody, inside the sandbox's user namespace
 BUILD_MOUNT = Path("/kernelloop-build")  # the job's build folder, as the worker sees it
 HEADERS_MOUNT = Path("/kernelloop-headers")  # the toolchain's precompiled headers (kernelloop.tools.build.header_cache)
+OBSERVER_MOUNT = Path("/kernelloop-observer")  # the operator observer (kernelloop.tools.build.observer_library)
 OBJECTS_MOUNT = Path("/kernelloop-objects")  # the toolchain's objects of unchanged sources (tools.object_cache)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 ETC_FILES = (  # what the dynamic linker, compilers and getpwuid read; /etc/shadow and the like stay out
@@ -89,6 +90,7 @@ def bubblewrap_argv(
     seccomp_fd: int | None,
     headers: Path | None = None,
     objects: Path | None = None,
+    observer: Path | None = None,
 ) -> list[str]:
     """The `bwrap ... --` prefix that runs a command in the worker's world."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID)]
@@ -121,4 +123,6 @@ def bubblewrap_argv(
         argv += ["--ro-bind", str(headers), str(HEADERS_MOUNT)]
     if objects is not None:
         argv += ["--ro-bind", str(objects), str(OBJECTS_MOUNT)]
+    if observer is not None:
+        argv += ["--ro-bind", str(observer), str(OBSERVER_MOUNT)]
     return argv + ["--remount-ro", "/", "--chdir", str(job_dir), "--"]

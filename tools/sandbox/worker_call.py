@@ -6,6 +6,7 @@ The three tools (`kernelloop.tools.api`) and the service's check of an uploaded 
 
 from __future__ import annotations
 
+import logging
 import secrets
 import shutil
 import tempfile
@@ -16,12 +17,14 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
-from kernelloop.tools.build import header_cache, object_cache, toolchain
+from kernelloop.tools.build import header_cache, object_cache, observer_library, toolchain
 from kernelloop.tools.results import SandboxReport
 from kernelloop.tools.sandbox import launch, stop
 from kernelloop.tools.sandbox.limits import folder_bytes
 from kernelloop.tools.sandbox.worker_pool import Spare, SpareKind, WorkerPool
 from kernelloop.tools.settings import SandboxSettings
+
+log = logging.getLogger("kernelloop.worker_call")
 
 Reply = TypeVar("Reply", bound=BaseModel)
 MAX_TIMEOUT_S = 3600.0
@@ -37,6 +40,8 @@ class JobFolder:
     nonce: str
     build: Path
     build_seen_by_worker: Path
+    observer_library: str | None
+    """the operator observer's library as the worker sees it; None where it could not be built"""
 
 
 @dataclass
@@ -77,7 +82,13 @@ def call_worker(
     if pool is not None:  # the next job of this kind finds its worker started during this one
         pool.refill(kind, lambda: _spare(module, settings, read_only))
     path = spare.folder if spare is not None else _new_folder(settings, folder_prefix)
-    folder = JobFolder(path, secrets.token_hex(16), path / "build", launch.build_dir_seen_by_worker(settings, path))
+    folder = JobFolder(
+        path,
+        secrets.token_hex(16),
+        path / "build",
+        launch.build_dir_seen_by_worker(settings, path),
+        launch.observer_seen_by_worker(settings, _observer_library(settings)),
+    )
     replies: list[Reply] = []
     malformed: list[str] = []
 
@@ -134,7 +145,18 @@ def _start(
         cpu_limit_s=cpu_limit_s,
         headers=header_cache.ready(settings),
         objects=object_cache.ready(settings),
+        observer=_observer_library(settings),
     )
+
+
+def _observer_library(settings: SandboxSettings) -> Path | None:
+    """The operator observer's folder, built on first use; None (logged) where it cannot be built: the judge then
+    refuses to test or time, saying so."""
+    try:
+        return observer_library.ready(settings)
+    except observer_library.ObserverUnavailable as exc:
+        log.error("%s", exc)
+        return None
 
 
 def _spare(module: str, settings: SandboxSettings, read_only: list[Path]) -> Spare:

@@ -1,0 +1,195 @@
+"""The libraries a problem forbids, out of the candidate's reach: their files made unreadable to its process with
+Landlock before any submitted code exists, so neither torch nor a binding of the candidate's can load them.
+
+The operator check sees what goes through the dispatcher; a binding that calls cuDNN itself (a direct
+`cudnnConvolutionForward`, or `at::cudnn_convolution` from C++) goes below it. cuDNN's entry library is loaded
+with torch, but the engines that do the work are separate files it opens on first use: with those files fenced
+off, any cuDNN call fails in the candidate's process, and its headers are unreadable to its builds. The judge's
+own process (the reference) is not fenced. A fence that cannot be put up (a kernel without Landlock, or a
+library already loaded) is an error, never a silent pass.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib.util
+import os
+import re
+import stat
+from pathlib import Path
+
+import torch
+
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_CREATE_RULESET_VERSION = 1
+_ACCESS_EXECUTE, _ACCESS_READ_FILE = 1 << 0, 1 << 2
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+FENCED_ACCESS = _ACCESS_EXECUTE | _ACCESS_READ_FILE
+ENTRY_LIBRARIES = {"cudnn": "libcudnn.so"}
+"""the library's entry point torch itself links (mapped before the fence; its work is in the fenced files)"""
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def library_files(library: str) -> list[Path]:
+    """Where `library` lies on this machine: its Python package's folder and its files in the system's and the
+    CUDA toolkit's library and include folders."""
+    if library != "cudnn":
+        raise ValueError(f"no fence is known for the library {library!r}: the known ones are {sorted(ENTRY_LIBRARIES)}")
+    found: list[Path] = []
+    spec = importlib.util.find_spec("nvidia.cudnn")
+    if spec is not None and spec.submodule_search_locations:
+        found += [Path(p).resolve() for p in spec.submodule_search_locations]
+    homes = {os.environ.get("CUDA_HOME", "/usr/local/cuda"), "/usr/local/cuda", "/usr", "/usr/local"}
+    for home in homes:
+        for pattern in ("lib*/libcudnn*", "lib*/*-linux-gnu/libcudnn*", "include/cudnn*.h", "targets/*/lib/libcudnn*"):
+            found += [Path(p).resolve() for p in glob.glob(os.path.join(home, pattern))]
+    return sorted(set(found))
+
+
+def fence_off(libraries: list[str]) -> str | None:
+    """Make the files of `libraries` unreadable to this process and its children; why not, if that failed."""
+    denied = {path for library in libraries for path in library_files(library)}
+    if not denied:
+        return None  # not installed here: nothing to reach
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:  # Landlock restricts the calling thread and the threads and processes it starts from then on
+        return f"the runner has {threads} threads before its fence: the fence would not bind all of them"
+    loaded = _mapped_within(denied, allowed={ENTRY_LIBRARIES[name] for name in libraries})
+    if loaded:
+        return f"the forbidden library is loaded already in the candidate's process ({loaded}): it cannot be fenced off"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_LANDLOCK_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION) < 1:
+        return (
+            f"this kernel offers no Landlock ({os.strerror(ctypes.get_errno())}), which fences off the libraries "
+            f"the problem forbids ({', '.join(libraries)}): run on Linux 5.13 or later with Landlock enabled"
+        )
+    attr = _RulesetAttr(FENCED_ACCESS)
+    ruleset = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
+    if ruleset < 0:
+        return f"Landlock refused a ruleset: {os.strerror(ctypes.get_errno())}"
+    try:
+        for path in _everything_but(denied):
+            _allow(libc, ruleset, path)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+            return f"Landlock did not restrict the runner: {os.strerror(ctypes.get_errno())}"
+    finally:
+        os.close(ruleset)
+    torch.backends.cudnn.enabled = False  # torch's own convolutions take ATen's kernels, not the fenced engines
+    return _still_readable(_aliases(denied))
+
+
+def _everything_but(denied: set[Path]) -> list[Path]:
+    """The outermost paths that hold nothing denied: each sibling of a denied path and of the folders above it,
+    wherever the same files are mounted too. A Landlock rule belongs to a file, not to the path it was opened by:
+    in the sandbox /lib is a bind mount of /usr/lib, so a rule for all of /lib would open /usr/lib's files as
+    well. So every mount that shows a denied file is followed (`_aliases`), and an entry that is a folder above a
+    denied file or a denied file itself (same device and inode) is walked into or left out, never allowed whole.
+    Symbolic links are left out: Landlock follows a file to where it really lies, which a rule covers there."""
+    denied = _aliases(denied)
+    above = {parent for path in denied for parent in path.parents}
+    above_ids, denied_ids = _identities(above), _identities(denied)
+    allowed: list[Path] = []
+    folders = [Path("/")]
+    while folders:
+        folder = folders.pop()
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                status = entry.lstat()
+            except OSError:
+                continue
+            identity = (status.st_dev, status.st_ino)
+            if entry in denied or identity in denied_ids or stat.S_ISLNK(status.st_mode):
+                continue
+            if entry in above or identity in above_ids:
+                folders.append(entry)
+            else:
+                allowed.append(entry)
+    return allowed
+
+
+def _identities(paths: set[Path]) -> set[tuple[int, int]]:
+    found = set()
+    for path in paths:
+        try:
+            status = path.stat()
+        except OSError:
+            continue
+        found.add((status.st_dev, status.st_ino))
+    return found
+
+
+def _aliases(paths: set[Path]) -> set[Path]:
+    """`paths`, and the same files wherever else a mount shows them (from /proc/self/mountinfo: a mount of the
+    same device whose root holds the file)."""
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        mounts.append((fields[2], Path(_unescaped(fields[3])), Path(_unescaped(fields[4]))))
+    found = set(paths)
+    for path in paths:
+        holding = [m for m in mounts if m[2] == path or m[2] in path.parents]
+        if not holding:
+            continue
+        deepest = max(len(m[2].parts) for m in holding)
+        device, root, point = [m for m in holding if len(m[2].parts) == deepest][-1]  # the last mounted shows
+        inside = root / path.relative_to(point)
+        for other_device, other_root, other_point in mounts:
+            if other_device == device and (inside == other_root or other_root in inside.parents):
+                found.add(other_point / inside.relative_to(other_root))
+    return found
+
+
+def _unescaped(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _allow(libc: ctypes.CDLL, ruleset: int, path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return  # gone, or a socket: nothing to read there
+    try:
+        rule = _PathBeneathAttr(FENCED_ACCESS, fd)
+        libc.syscall(_LANDLOCK_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0)
+    finally:
+        os.close(fd)
+
+
+def _mapped_within(denied: set[Path], allowed: set[str]) -> str | None:
+    """A file of `denied` this process has mapped already, other than the entry libraries torch links."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path = Path(parts[5])
+        if any(path == d or d in path.parents for d in denied) and not any(path.name.startswith(a) for a in allowed):
+            return str(path)
+    return None
+
+
+def _still_readable(denied: set[Path]) -> str | None:
+    """Prove the fence: no denied file opens for reading any more."""
+    for path in denied:
+        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+        for file in files[:8]:
+            try:
+                os.close(os.open(file, os.O_RDONLY))
+            except PermissionError:
+                continue
+            return f"the fence did not hold: {file} still opens"
+    return None

@@ -1,0 +1,58 @@
+"""The runner's side of the operator observer: start it before any submitted code exists, and pass on the
+judge's marks through the dispatcher.
+
+The observer itself is compiled C++ (`observer.cpp`, built by `kernelloop.tools.build.observer_library`): a
+global RecordFunction callback, so it sees every thread and no Python-level profiler switch turns it off. What
+it sees goes straight to a pipe the judge reads (`kernelloop.tools.judge.operator_log`); this process never
+holds the list, and the key that tags each line is read by the library from its own descriptor. A mark is a
+RecordFunction named for the judge's token: it reaches the pipe only if the callback is still registered and
+recording on this thread, which is what the judge checks after every call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+MARK_PREFIX = "kernelloop.mark."
+EPOCH_PREFIX = "kernelloop.epoch."
+_enter = torch.ops.profiler._record_function_enter_new
+_exit = torch.ops.profiler._record_function_exit
+_SWITCHES = ("_enable_record_function", "_clear_callbacks")
+_START_ERRORS = {1: "it was started already", 2: "its key could not be read", 3: "its pipe could not be kept"}
+
+
+def start(library: str, pipe_fd: int, key_fd: int) -> str | None:
+    """Register the observer; why it could not be, if it could not."""
+    try:
+        started = ctypes.CDLL(library).kernelloop_observer_start(pipe_fd, key_fd)
+    except OSError as exc:
+        return f"the operator observer's library did not load: {exc}"
+    return None if started == 0 else f"the operator observer did not start: {_START_ERRORS.get(started, started)}"
+
+
+def refuse_switches() -> None:
+    """Take the Python-level switches of RecordFunction out of the candidate's reach before it is imported: turning
+    it off for a thread (`_enable_record_function(False)`) would hide that thread's calls from the observer, and
+    clearing the callbacks removes it (the judge sees that by the missing mark, but a refusal says why at once).
+    Their C++ functions stay reachable from compiled code; the README says so."""
+    for module in (torch.autograd, torch._C._autograd):
+        for name in _SWITCHES:
+            setattr(module, name, functools.partial(_refused, name))
+
+
+def _refused(name: str, *args: object, **kwargs: object) -> None:
+    raise RuntimeError(f"{name} is refused in the judge's runner: it would hide operators from the operator check")
+
+
+def mark(token: str) -> None:
+    """Tell the judge, through the dispatcher, that the call it tagged `token` has ended here."""
+    _exit(_enter(MARK_PREFIX + token))
+
+
+def epoch(token: str) -> None:
+    """Tell the judge that what follows is the candidate's: the observer forgets the operators it has written
+    (the reference's, run here to calibrate), so each is written again the first time the candidate calls it."""
+    _exit(_enter(EPOCH_PREFIX + token))
