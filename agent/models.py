@@ -138,6 +138,8 @@ def outcome_fields(job: JobPublic) -> tuple[StepStatus, str, bool | None, float 
     if job.status == JobStatus.failed:
         return "service_error", job.note or "the service could not run the job", None, None
     if not job.results:
+        if job.status == JobStatus.cancelled:
+            return "service_error", job.note or "the job was cancelled before any step gave a verdict", None, None
         return "service_error", "the job returned no verdict", None, None
     last = job.results[-1]
     return last.status, last.message, job.correct, job.speedup

@@ -236,7 +236,8 @@ class ServiceClient:
         )
 
     async def _follow_events(self, job_id: int, on_event: EventWatcher | None, timeout_s: float) -> None:
-        """Read GET /v1/jobs/{id}/events until `finished` or `failed`; any trouble just ends the following."""
+        """Read GET /v1/jobs/{id}/events until `finished`, `failed` or `cancelled`; any trouble just ends the
+        following."""
         deadline = time.monotonic() + timeout_s
         fields: dict[str, str] = {}
         try:
@@ -262,7 +263,7 @@ class ServiceClient:
                     except ValidationError:
                         continue
                     await _notify(on_event, event)
-                    if event.type in ("finished", "failed"):
+                    if event.type in ("finished", "failed", "cancelled"):
                         return
         except (httpx.TransportError, httpx.HTTPStatusError):
             return

@@ -302,6 +302,9 @@ def test_the_loop_counts_what_the_service_counts() -> None:
     narrowed = TestResult(status=Status.passed, problem="causal_conv1d", backend="cpu", message="2 checks passed")
     assert outcome_fields(_job(results=[narrowed], correct=None)) == ("passed", "2 checks passed", None, None)
     assert outcome_fields(_job(status="failed", note="harness")) == ("service_error", "harness", None, None)
+    cancelled = outcome_fields(_job(status="cancelled", note="cancelled by agent"))
+    assert cancelled == ("service_error", "cancelled by agent", None, None)
+    assert outcome_fields(_job(status="cancelled", results=[narrowed], correct=None))[0] == "passed"  # kept verdict
     config = AgentRunConfig(problem="causal_conv1d", backend="cpu", proposer="search")
     loop = RunLoop(config, None, None, 1, Progress(io.StringIO(), quiet=True))  # type: ignore[arg-type]
     for step, speedup in ((1, 2.0), (2, 1.5)):
