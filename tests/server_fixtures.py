@@ -163,6 +163,13 @@ class ServiceProcess:
         self.kill()
         raise AssertionError(f"the service did not answer within {timeout_s} s:\n{self.log_text()[-3000:]}")
 
+    def __enter__(self) -> ServiceProcess:
+        """Started for a `with` block (a module's fixture) and stopped after it, however it ends."""
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 

@@ -21,9 +21,8 @@ MAX_NOTES_CHARS = 64 << 10  # kernelloop.contract.MAX_NOTES_CHARS: what the 422 
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServiceProcess]:
-    svc = ServiceProcess("leniency").start()
-    yield svc
-    svc.stop()
+    with ServiceProcess("leniency") as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")

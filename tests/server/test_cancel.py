@@ -24,9 +24,8 @@ LANE_FREED_S = 10.0
 
 @pytest.fixture(scope="module")
 def service():
-    svc = ServiceProcess("cancel-lane", cpu_workers=1).start()  # one lane: a job behind the hung one waits for it
-    yield svc
-    svc.stop()
+    with ServiceProcess("cancel-lane", cpu_workers=1) as svc:  # one lane: a job behind the hung one waits for it
+        yield svc
 
 
 def _job(api: httpx.Client, job_id: int) -> dict:

@@ -16,9 +16,8 @@ KEY = "Idempotency-Key"
 
 @pytest.fixture(scope="module")
 def service():
-    svc = ServiceProcess("idempotency", cpu_workers=1).start()
-    yield svc
-    svc.stop()
+    with ServiceProcess("idempotency", cpu_workers=1) as svc:
+        yield svc
 
 
 def _jobs_total(api: httpx.Client) -> int:

@@ -42,9 +42,8 @@ HAS_GPU = gpu_arch() is not None
 
 @pytest.fixture(scope="module")
 def service():
-    svc = ServiceProcess("api", extra_env={"KERNELLOOP_MAX_CPU_TIMING_S": "30"}).start()
-    yield svc
-    svc.stop()
+    with ServiceProcess("api", extra_env={"KERNELLOOP_MAX_CPU_TIMING_S": "30"}) as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")
@@ -819,9 +818,8 @@ def test_unknown_routes_and_methods_answer_json(api: httpx.Client) -> None:
 
 @pytest.fixture(scope="module")
 def open_service():
-    svc = ServiceProcess("open", token=None, cpu_workers=1, rate_limit=4).start()
-    yield svc
-    svc.stop()
+    with ServiceProcess("open", token=None, cpu_workers=1, rate_limit=4) as svc:
+        yield svc
 
 
 def test_without_a_token_changes_are_open_on_loopback_and_rate_limited(open_service: ServiceProcess) -> None:

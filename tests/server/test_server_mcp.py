@@ -26,9 +26,8 @@ QUICK = {"seeds": 1, "time_budget_s": 0.2, "min_samples": 3, "max_samples": 20}
 
 @pytest.fixture(scope="module")
 def service():
-    svc = ServiceProcess("mcp").start()
-    yield svc
-    svc.stop()
+    with ServiceProcess("mcp") as svc:
+        yield svc
 
 
 def _stdio(service: ServiceProcess) -> Client:

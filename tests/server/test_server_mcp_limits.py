@@ -20,9 +20,8 @@ INVALID_PARAMS = -32602  # JSON-RPC's code for a request about something that is
 
 @pytest.fixture(scope="module")
 def service():
-    svc = ServiceProcess("mcp-limits").start()
-    yield svc
-    svc.stop()
+    with ServiceProcess("mcp-limits") as svc:
+        yield svc
 
 
 def _http(service: ServiceProcess, mode: str = "legacy") -> Client:

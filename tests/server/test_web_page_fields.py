@@ -26,9 +26,8 @@ RUN_JS = REPO / "server" / "web" / "static" / "run.js"
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[ServiceProcess]:
-    svc = ServiceProcess("page-fields").start()
-    yield svc
-    svc.stop()
+    with ServiceProcess("page-fields") as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")
