@@ -24,20 +24,24 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from kernelloop.tools.runner import guard
 from kernelloop.tools.runner.channel import Channel, ChannelBroken, ChannelTimeout
-from kernelloop.tools.runner.messages import Reply, ReplyEnvelope, Request, RequestEnvelope
+from kernelloop.tools.runner.messages import Finish, Finished, Reply, ReplyEnvelope, Request, RequestEnvelope
 
 ReplyT = TypeVar("ReplyT", bound=BaseModel)
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 POLL_S = 1.0
 RUNNER_MODULE = "kernelloop.tools.runner.serve"
+SPAWN_MODULE = "kernelloop.tools.runner.spawn"
+TOOL_OUTPUT_CAP = 4 << 20
 
 
 class RunnerFailed(RuntimeError):
@@ -182,26 +186,109 @@ def _become_runner(socket_fd: int) -> NoReturn:
         os._exit(1)  # never back into the judge's code
 
 
+class ToolRun(BaseModel):
+    """How the GPU tool a runner ran under ended, and what it wrote: its own output, read by the judge alone."""
+
+    tool: str
+    returncode: int | None = Field(description="its exit code; None when it was killed at the time limit")
+    signal: str | None = Field(None, description="the signal it died of, if it did")
+    output: str = Field(description="its stdout and stderr, capped")
+    output_truncated: bool = False
+    timed_out: bool = False
+    seconds: float = Field(description="from its start to its end, the runner's start and requests included")
+
+
+class SpawnedRunner(ForkedRunner):
+    """A runner started under a GPU tool, as the judge holds it: the tool's process (the judge's child), with the
+    runner below it."""
+
+    def kill(self) -> None:
+        """The tool and everything below it: the runner leaves the tool's process group, so they are found by
+        walking the tree, before the tool dies (its children are the judge's after that)."""
+        below = [pid for pid, _, _ in _descendants(self.pid)]
+        for pid in [self.pid, *below]:
+            _signal(pid, signal.SIGKILL)
+        self.wait()
+        for pid in below:  # those handed to the judge meanwhile end as its zombies: collect them
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+class _OutputReader(threading.Thread):
+    """Drains the tool's pipe while it runs (a tool that fills the pipe would stall), keeping the first bytes."""
+
+    def __init__(self, fd: int, cap: int = TOOL_OUTPUT_CAP):
+        super().__init__(daemon=True)
+        self.fd, self.cap = fd, cap
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.truncated = False
+
+    def run(self) -> None:
+        while chunk := os.read(self.fd, 1 << 16):
+            room = self.cap - self.kept
+            self.truncated |= len(chunk) > room
+            if room > 0:
+                self.chunks.append(chunk[:room])
+                self.kept += min(room, len(chunk))
+        os.close(self.fd)
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")
+
+
 class RunnerLink:
-    def __init__(self) -> None:
+    def __init__(self, wrapper: Sequence[str] | None = None, forbidden_libraries: Sequence[str] = ()) -> None:
+        """The judge's runner: forked from this process, or, with a `wrapper` (a GPU tool's command, e.g.
+        `[sanitizer, "--tool", "memcheck"]`), started as a program of its own under that tool, with the libraries
+        the problem forbids fenced off before the tool starts (`kernelloop.tools.runner.spawn`)."""
         importlib.import_module(RUNNER_MODULE)  # torch and the runner's code, once, for both processes
         import torch
 
-        if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent made
-            raise RuntimeError("CUDA was initialized in the judge before its runner was forked")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         sys.stdout.flush()
         sys.stderr.flush()
         if sys.platform.startswith("linux"):  # the candidate's orphans come to the judge (see `Freezer`)
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        pid = os.fork()
-        if pid == 0:
-            _become_runner(theirs.fileno())
+        self.tool: str | None = None
+        self._tool_output: _OutputReader | None = None
+        self._started = time.monotonic()
+        if wrapper:
+            self.process: ForkedRunner = self._spawn(list(wrapper), list(forbidden_libraries), theirs)
+        else:
+            if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent made
+                raise RuntimeError("CUDA was initialized in the judge before its runner was forked")
+            pid = os.fork()
+            if pid == 0:
+                _become_runner(theirs.fileno())
+            self.process = ForkedRunner(pid)
         theirs.close()
-        self.process = ForkedRunner(pid)
         self.freezer = Freezer(self.process)
         self.channel = Channel(ours)
         self.last_envelope_ms = 0.0
+
+    def _spawn(self, wrapper: list[str], fence: list[str], theirs: socket.socket) -> SpawnedRunner:
+        self.tool = Path(wrapper[0]).name
+        runner_output = os.dup(2)  # the runner writes where the judge does (the job's log), never into the tool's
+        read_end, write_end = os.pipe()
+        fences = [arg for library in fence for arg in ("--fence", library)]
+        runner = [sys.executable, "-P", "-m", RUNNER_MODULE, str(theirs.fileno()), str(runner_output)]
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-P", "-m", SPAWN_MODULE, *fences, "--", *wrapper, *runner],
+                stdin=subprocess.DEVNULL,
+                stdout=write_end,
+                stderr=write_end,
+                pass_fds=(theirs.fileno(), runner_output),
+            )
+        finally:
+            os.close(write_end)
+            os.close(runner_output)
+        self._tool_output = _OutputReader(read_end)
+        self._tool_output.start()
+        return SpawnedRunner(process.pid)  # waited for by pid, as a forked runner is
 
     def ask(
         self,
@@ -274,6 +361,36 @@ class RunnerLink:
     def close(self) -> None:
         self.kill()
         self.channel.close()
+
+    def finish_tool(self, timeout_s: float) -> ToolRun:
+        """End a runner started under a tool and wait for the tool to exit (killing it and everything below it at
+        `timeout_s`): how it ended and what it wrote. The tool's verdict is in its exit code and output, which
+        reach the judge alone; the runner's answers are the candidate's."""
+        assert isinstance(self.process, SpawnedRunner) and self._tool_output is not None, "no tool to finish"
+        deadline = time.monotonic() + timeout_s
+        if self.process.poll() is None:
+            try:
+                self.ask(Finish(), Finished, timeout_s=max(1.0, min(30.0, timeout_s)))
+            except RunnerFailed:
+                pass  # how the tool ended says the rest
+        self.channel.close()
+        timed_out = False
+        try:
+            code: int | None = self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code, timed_out = None, True
+        self._tool_output.join(timeout=10)
+        died_of = signal.Signals(-code).name if code is not None and code < 0 else None
+        return ToolRun(
+            tool=self.tool or "",
+            returncode=None if timed_out else code,
+            signal=died_of,
+            output=self._tool_output.text(),
+            output_truncated=self._tool_output.truncated,
+            timed_out=timed_out,
+            seconds=round(time.monotonic() - self._started, 3),
+        )
 
 
 def _has_children(pid: int) -> bool:

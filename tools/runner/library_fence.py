@@ -19,8 +19,6 @@ import re
 import stat
 from pathlib import Path
 
-import torch
-
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1
 _ACCESS_EXECUTE, _ACCESS_READ_FILE = 1 << 0, 1 << 2
@@ -56,15 +54,18 @@ def library_files(library: str) -> list[Path]:
     return sorted(set(found))
 
 
-def fence_off(libraries: list[str]) -> str | None:
-    """Make the files of `libraries` unreadable to this process and its children; why not, if that failed."""
-    denied = {path for library in libraries for path in library_files(library)}
-    if not denied:
-        return None  # not installed here: nothing to reach
+def fence_off(libraries: list[str], *, before_exec: bool = False) -> str | None:
+    """Make the files of `libraries` unreadable to this process and its children; why not, if that failed. A fence
+    already in force (put up by the process that started this one: `kernelloop.tools.runner.spawn`) is kept.
+    `before_exec`: this process is about to exec another program, which maps nothing of this one's."""
+    entries = {ENTRY_LIBRARIES[name] for name in libraries if name in ENTRY_LIBRARIES}
+    denied = _files_but(set().union(*(library_files(library) for library in libraries)), entries)
+    if not denied or _still_readable(_aliases(denied)) is None:
+        return None  # not installed here, or fenced off already: nothing to reach
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:  # Landlock restricts the calling thread and the threads and processes it starts from then on
         return f"the runner has {threads} threads before its fence: the fence would not bind all of them"
-    loaded = _mapped_within(denied, allowed={ENTRY_LIBRARIES[name] for name in libraries})
+    loaded = None if before_exec else _mapped_within(denied, allowed=entries)
     if loaded:
         return f"the forbidden library is loaded already in the candidate's process ({loaded}): it cannot be fenced off"
     libc = ctypes.CDLL(None, use_errno=True)
@@ -84,8 +85,15 @@ def fence_off(libraries: list[str]) -> str | None:
             return f"Landlock did not restrict the runner: {os.strerror(ctypes.get_errno())}"
     finally:
         os.close(ruleset)
-    torch.backends.cudnn.enabled = False  # torch's own convolutions take ATen's kernels, not the fenced engines
     return _still_readable(_aliases(denied))
+
+
+def _files_but(paths: set[Path], entries: set[str]) -> set[Path]:
+    """Every file of `paths` (a folder stands for the files below it), but the entry libraries: torch links those
+    at its import, so a process started under the fence (not forked into it) must still read them; what they
+    load to do any work stays denied."""
+    files = {f for p in paths for f in ([p] if not p.is_dir() else p.rglob("*")) if not f.is_dir()}
+    return {f for f in files if not any(f.name.startswith(entry) for entry in entries)}
 
 
 def _everything_but(denied: set[Path]) -> list[Path]:

@@ -78,6 +78,10 @@ class Prepare(BaseModel):
     )
 
 
+NVTX_RANGE = "kernelloop_forward"
+"""the range a profiled forward runs in: `ncu --nvtx --nvtx-include kernelloop_forward/` profiles its kernels only"""
+
+
 class Call(BaseModel):
     """Run forward on input set `input_set`, copy its outputs into slot `slot`; when `timed`, time it."""
 
@@ -86,6 +90,9 @@ class Call(BaseModel):
     slot: int
     timed: bool
     mark: str = Field("", description="the judge's token for the mark that ends the call, through the dispatcher")
+    nvtx_range: bool = Field(
+        False, description=f"run the forward inside the NVTX range {NVTX_RANGE!r} (a profiler's filter selects it)"
+    )
 
 
 class Finish(BaseModel):

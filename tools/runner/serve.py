@@ -25,9 +25,10 @@ from kernelloop.tools.build.diagnostics import python_error_diagnostics
 from kernelloop.tools.judge import l2_cache
 from kernelloop.tools.problems import import_problem_module
 from kernelloop.tools.results import CompileResult, Status
-from kernelloop.tools.runner import candidate, library_fence, observer
+from kernelloop.tools.runner import candidate, guard, library_fence, observer
 from kernelloop.tools.runner.channel import Channel, ChannelBroken
 from kernelloop.tools.runner.messages import (
+    NVTX_RANGE,
     Call,
     Called,
     Finish,
@@ -123,6 +124,7 @@ class Runner:
             why_not = library_fence.fence_off(request.forbidden_libraries)
             if why_not:
                 return Started(error=why_not)
+            torch.backends.cudnn.enabled = False  # torch's own convolutions take ATen's kernels, not the fenced ones
         self.wants_gpu = request.backend == "cuda"
         has_gpu = self.wants_gpu and torch.cuda.is_available()
         if self.wants_gpu and not has_gpu:
@@ -273,6 +275,11 @@ class Runner:
                     started = _perf_counter()
                     output = model(*arguments)
                     elapsed = (_perf_counter() - started) * 1e3
+                elif request.nvtx_range and gpu:  # a profiler's filter selects this range's kernels
+                    torch.cuda.nvtx.range_push(NVTX_RANGE)
+                    output = model(*arguments)
+                    _synchronize()
+                    torch.cuda.nvtx.range_pop()
                 else:
                     output = model(*arguments)
                     if gpu:
@@ -328,3 +335,23 @@ def main(socket_fd: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def main_spawned(socket_fd: int, output_fd: int) -> None:
+    """A runner started as a program of its own under a GPU tool (`kernelloop.tools.runner.spawn`): its output
+    goes to `output_fd`, not to the tool's pipe (which only the judge reads), and it fences off its parent (the
+    tool) as a forked runner fences off its judge, before any candidate code exists. Descriptors the tool left
+    open are the tool's own connection to this process (its injection library), so they are kept."""
+    os.dup2(output_fd, 1)
+    os.dup2(output_fd, 2)
+    os.close(output_fd)
+    try:
+        guard.fence_off_judge()
+    except (guard.GuardUnsupported, OSError) as exc:
+        os.write(2, f"the runner could not fence off the tool it runs under: {exc}\n".encode())
+        os._exit(1)
+    main(socket_fd)
+
+
+if __name__ == "__main__":
+    main_spawned(int(sys.argv[1]), int(sys.argv[2]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,9 +54,19 @@ def python_dirs() -> list[Path]:
     return sorted(dirs)
 
 
+GPU_TOOLS = ("compute-sanitizer", "ncu")
+"""tools the judge runs a candidate under (`kernelloop.tools.judge.gpu_tools`): their installation is shown too"""
+
+
 def toolchain_dirs(cuda_home: str | None) -> list[Path]:
+    """The CUDA toolkit, its libraries, and the installation folders of the GPU tools, which may be links out of
+    the toolkit's `bin` (Nsight Compute installs beside it)."""
     dirs = [Path(cuda_home), Path(cuda_home).resolve()] if cuda_home else []
     dirs += [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    for name in GPU_TOOLS:
+        found = shutil.which(name) or (str(Path(cuda_home) / "bin" / name) if cuda_home else None)
+        if found and Path(found).exists():
+            dirs.append(Path(found).resolve().parent)
     return dirs
 
 
