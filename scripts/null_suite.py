@@ -3,8 +3,8 @@ general. Each solution is the problem file itself with `Model` renamed `ModelNew
 device should register, pass `test` and benchmark at about 1.0x (the reference against itself); anything else is
 the harness's failure, or a property of the problem (too large, nondeterministic) that the table names.
 
-    python scripts/null_suite.py KERNELBENCH_DIR WORK_DIR [--levels level1 level2 level3] [--per-level N]
-                                 [--time-budget S] [--backend cuda]
+    python scripts/null_suite.py KERNELBENCH_DIR WORK_DIR [--levels level1 level2 level3] [--start K]
+                                 [--per-level N] [--time-budget S] [--backend cuda]
 
 KERNELBENCH_DIR holds KernelBench's level folders (`KernelBench/` in its repository). WORK_DIR receives the null
 solutions, the data folder of the embedded service and `suite.json`; the table (per level: registered, passed,
@@ -32,10 +32,10 @@ def null_solution(problem_source: str) -> str:
     return re.sub(r"\bModel\b", "ModelNew", problem_source)
 
 
-def write_solutions(kernelbench: Path, work: Path, levels: list[str], per_level: int | None) -> Path:
+def write_solutions(kernelbench: Path, work: Path, levels: list[str], start: int, per_level: int | None) -> Path:
     """The chosen problems under WORK/problems/LEVEL and their null solutions under WORK/solutions/LEVEL."""
     for level in levels:
-        files = problem_files(kernelbench / level)[:per_level]
+        files = problem_files(kernelbench / level)[start:][:per_level]
         for folder in ("problems", "solutions"):
             (work / folder / level).mkdir(parents=True, exist_ok=True)
         for path in files:
@@ -76,12 +76,13 @@ def main() -> int:
     parser.add_argument("kernelbench", type=Path, help="the folder holding KernelBench's level folders")
     parser.add_argument("work", type=Path, help="where the solutions, the data folder and suite.json go")
     parser.add_argument("--levels", nargs="+", default=["level1", "level2", "level3"])
-    parser.add_argument("--per-level", type=int, help="the first N problems of each level (default: all)")
+    parser.add_argument("--start", type=int, default=0, help="skip the first K problems of each level (default: 0)")
+    parser.add_argument("--per-level", type=int, help="N problems of each level from there (default: all)")
     parser.add_argument("--time-budget", type=float, default=0.5, help="seconds of timing per benchmark shape")
     parser.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to wait for every verdict")
     args = parser.parse_args()
-    problems = write_solutions(args.kernelbench, args.work, args.levels, args.per_level)
+    problems = write_solutions(args.kernelbench, args.work, args.levels, args.start, args.per_level)
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "kernelloop", "suite", str(problems), str(args.work / "solutions"), "--json",
