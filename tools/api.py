@@ -1,4 +1,4 @@
-"""The three tools as Python functions: compile_kernel, run_tests and benchmark.
+"""The tools as Python functions: compile_kernel, run_tests, benchmark and profile_kernel.
 
 Each builds a `Step`, runs it in a fresh sandboxed worker (`run_phase`, which the service's executors call too),
 and returns the worker's verdict. When the worker dies or hangs, the verdict is made here from the last result it
@@ -16,12 +16,13 @@ from typing import cast
 from kernelloop.tools.build import build_cache, object_cache, toolchain, verdict_cache
 from kernelloop.tools.jobs import EvalOptions, Step, WorkerJob, WorkerReply
 from kernelloop.tools.phase_registry import PHASES, Phase
-from kernelloop.tools.problems import ProblemSpec, load_problem, memory_problem
+from kernelloop.tools.problems import ProblemError, ProblemSpec, load_problem, memory_problem
 from kernelloop.tools.results import (
     Backend,
     BenchmarkResult,
     CompileResult,
     PhaseResult,
+    ProfileResult,
     SandboxReport,
     Status,
     TestResult,
@@ -77,6 +78,36 @@ def benchmark(
     """Compile, then time ModelNew against the reference on every benchmark shape."""
     step = make_step("benchmark", problem, code, backend, options)
     return cast(BenchmarkResult, run_phase(step, settings, on_progress))
+
+
+def profile_kernel(
+    problem: ProblemSpec | str,
+    code: str,
+    backend: Backend | None = "cuda",
+    shape: str | None = None,
+    options: EvalOptions | None = None,
+    settings: SandboxSettings | None = None,
+    on_progress: Progress | None = None,
+) -> ProfileResult:
+    """Compile, then profile one forward of ModelNew under Nsight Compute on the benchmark shape named `shape`
+    (default: the problem's first): what the hardware saw, per kernel, and a summary. Advice, not a verdict.
+    An unknown shape name raises ProblemError, naming the benchmark shapes there are."""
+    step = make_step("profile", problem, code, backend, options)
+    if shape is not None:
+        step.options = step.options.model_copy(update={"shapes": profile_shapes(step.problem, step.backend, shape)})
+    return cast(ProfileResult, run_phase(step, settings, on_progress))
+
+
+def profile_shapes(problem: ProblemSpec, backend: Backend, shape: str) -> list[str]:
+    """`options.shapes` for a profile of the benchmark shape `shape`; ProblemError naming the benchmark shapes
+    there are when it is not one of them."""
+    known = [s.name for s in problem.benchmark_shapes(backend)]
+    if shape not in known:
+        raise ProblemError(
+            f"problem {problem.name!r} has no benchmark shape {shape!r} on the {backend} backend: "
+            f"use one of {', '.join(known) or 'none'}"
+        )
+    return [shape]
 
 
 def make_step(
@@ -264,4 +295,6 @@ def _last_step(result: PhaseResult) -> str:
     if isinstance(result, BenchmarkResult) and result.compile is not None:
         done = [s.shape for s in result.shapes]
         return f" while timing the shape after {done[-1]}" if done else " while timing the first shape"
+    if isinstance(result, ProfileResult) and result.compile is not None and result.compile.ok:
+        return f" while profiling shape {result.shape}"
     return " while building or importing the submission"

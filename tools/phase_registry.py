@@ -1,4 +1,5 @@
-"""The phases, each defined once: compile, test and benchmark, and the `evaluate` job that chains them.
+"""The phases, each defined once: compile, test, benchmark and profile, and the `evaluate` job that chains the
+first three (a profile is advice for deciding what to change, never a step of a verdict).
 
 Everything else that names a phase (the worker's dispatch, the tool functions, the service's routes and
 queue, the tool schemas an agent reads, the command line) is derived from `PHASES` and `TOOLS`, so adding
@@ -11,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from kernelloop.tools.results import BenchmarkResult, CompileResult, PhaseResult, TestResult
+from kernelloop.tools.results import BenchmarkResult, CompileResult, PhaseResult, ProfileResult, TestResult
 
-Phase = Literal["compile", "test", "benchmark"]
+Phase = Literal["compile", "test", "benchmark", "profile"]
 """One step a sandboxed worker runs and answers with one result."""
-JobPhase = Literal["compile", "test", "benchmark", "evaluate"]
-"""What a tool call asks for: one phase, or `evaluate`, the phases in order until one does not pass."""
-ToolName = Literal["compile_kernel", "run_tests", "benchmark", "evaluate"]
+JobPhase = Literal["compile", "test", "benchmark", "profile", "evaluate"]
+"""What a tool call asks for: one phase, or `evaluate`, the verdict's phases in order until one does not pass."""
+ToolName = Literal["compile_kernel", "run_tests", "benchmark", "profile_kernel", "evaluate"]
 ShapeKind = Literal["correctness", "benchmark"]
 
 
@@ -95,11 +96,29 @@ PHASES: dict[Phase, PhaseSpec] = {
             "(interleaved, L2 flushed, median). Returns per-shape times, speedup, TFLOP/s, GB/s and the fraction "
             "of the roofline floor; a time under the physical floor is reported as suspicious, never as a speedup.",
         ),
+        PhaseSpec(
+            name="profile",
+            tool="profile_kernel",
+            command="profile",
+            result_type=ProfileResult,
+            timeout_setting="profile_timeout_s",
+            shape_kinds=("benchmark",),
+            needs_gpu=True,
+            summary="Compile, then profile one forward of ModelNew under Nsight Compute on one benchmark shape.",
+            description="Compile, then run one forward of ModelNew under NVIDIA Nsight Compute on one benchmark shape "
+            "(options.shapes: [name]; default the first) and report what the hardware saw, per kernel: duration, "
+            "grid and block, registers, shared memory, achieved and theoretical occupancy, DRAM and SM throughput, "
+            "L1/L2 hit rates, the top warp stall reasons, DRAM bytes, FLOPs and its place on the roofline "
+            "(memory- or compute-bound, % of that peak), with a short summary. Advice, not a verdict: it checks no "
+            "output. Call it after run_tests passed and benchmark shows the kernel well short of the roofline "
+            "floor, to decide what to fix. Needs the cuda backend.",
+        ),
     )
 }
 
-EVALUATE_STEPS: tuple[Phase, ...] = tuple(PHASES)
-"""`evaluate` runs every phase in this order and stops at the first that does not pass."""
+EVALUATE_STEPS: tuple[Phase, ...] = ("compile", "test", "benchmark")
+"""`evaluate` runs these phases in this order and stops at the first that does not pass (the profile is not one of
+them: it is advice, asked for on its own)."""
 
 TOOLS: dict[ToolName, ToolSpec] = {
     **{

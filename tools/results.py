@@ -1,4 +1,4 @@
-"""The verdicts the three tools hand back.
+"""The verdicts the tools hand back (compile, test, benchmark) and the profile, which is advice.
 
 Every phase returns one of these models, whatever happened: a crash, a hang or a wrong answer is a
 `status` with a message, never an exception. The same models travel from the sandboxed worker to the
@@ -81,9 +81,9 @@ class SandboxReport(BaseModel):
 
 
 class PhaseResult(BaseModel):
-    """Fields shared by the three tools' results."""
+    """Fields shared by every tool's result."""
 
-    kind: Literal["compile", "test", "benchmark"]
+    kind: Literal["compile", "test", "benchmark", "profile"]
     status: Status
     message: str = ""
     problem: str
@@ -249,13 +249,76 @@ class BenchmarkResult(PhaseResult):
     )
 
 
-PhaseResultAny = Annotated[CompileResult | TestResult | BenchmarkResult, Field(discriminator="kind")]
+class StallReason(BaseModel):
+    """One reason a kernel's warps waited instead of issuing, as Nsight Compute counts it."""
+
+    reason: str = Field(description="e.g. long_scoreboard (waiting on global memory), barrier, math_pipe_throttle")
+    cycles_per_issue: float = Field(description="warps stalled for this reason per issued instruction, on average")
+
+
+class KernelProfile(BaseModel):
+    """One kernel launched in the profiled forward, as Nsight Compute measured it: advice, not a verdict."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    name: str
+    duration_us: float | None = Field(None, description="the kernel's GPU time under the profiler")
+    grid: list[int] | None = Field(None, description="blocks in x, y, z")
+    block: list[int] | None = Field(None, description="threads per block in x, y, z")
+    registers_per_thread: int | None = None
+    shared_memory_bytes: int | None = Field(None, description="per block: static + dynamic")
+    achieved_occupancy_pct: float | None = Field(None, description="active warps over the SM's maximum, measured")
+    theoretical_occupancy_pct: float | None = Field(None, description="what the launch configuration allows")
+    occupancy_limiter: str | None = Field(
+        None, description="what caps the theoretical occupancy most: registers, shared_memory, warps or blocks"
+    )
+    dram_throughput_pct: float | None = Field(None, description="DRAM throughput, % of peak")
+    sm_throughput_pct: float | None = Field(None, description="SM throughput, % of peak")
+    l1_hit_rate_pct: float | None = None
+    l2_hit_rate_pct: float | None = None
+    top_stalls: list[StallReason] = Field([], description="the three largest warp stall reasons")
+    dram_bytes: float | None = Field(None, description="bytes read from and written to DRAM")
+    fp32_flops: float | None = Field(None, description="FP32 FLOPs from the sass counters: ffma x2 + fadd + fmul")
+    tensor_flops: float | None = Field(None, description="tensor-core ops (sm__ops_path_tensor_op_*)")
+    arithmetic_intensity: float | None = Field(None, description="(fp32 + tensor) FLOPs per DRAM byte")
+    ridge_point: float | None = Field(
+        None,
+        description="FLOP/byte where the datasheet's compute peak meets its bandwidth (tensor peak when it ran "
+        "tensor-core ops)",
+    )
+    bound: Literal["memory", "compute"] | None = Field(None, description="which side of the ridge point it is on")
+    pct_of_bound_peak: float | None = Field(
+        None, description="its DRAM bandwidth (memory-bound) or FLOP rate (compute-bound), % of the datasheet's peak"
+    )
+
+
+class ProfileResult(PhaseResult):
+    """Nsight Compute's view of one forward: what the hardware saw, for deciding what to change. It is advice: it
+    never marks an attempt correct or sets its speedup, and it checks nothing but that the forward ran."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+
+    kind: Literal["profile"] = "profile"
+    compile: CompileResult | None = None
+    shape: str = Field("", description="the benchmark shape profiled")
+    kernels: list[KernelProfile] = Field([], description="every kernel launched in the profiled forward, in order")
+    summary: str = Field("", description="a few lines for a reader: the dominant kernel, its bound, its largest loss")
+    judge_ms: float | None = Field(
+        None, description="the judge's own CUDA-event time of one forward on the same input, before the profiler ran"
+    )
+    profiled_ms: float | None = Field(None, description="the kernels' summed durations under the profiler")
+    warnings: list[str] = Field([], description="what makes the profile less trustworthy, e.g. times that disagree")
+    tool_seconds: float | None = Field(None, description="the profiler's run, its start and the forwards included")
+    tool_log: str = Field("", description="the profiler's own lines (not its table), capped: what it said went wrong")
+
+
+PhaseResultAny = Annotated[CompileResult | TestResult | BenchmarkResult | ProfileResult, Field(discriminator="kind")]
 
 
 def compile_part(result: PhaseResult) -> CompileResult | None:
     """The build's verdict inside any result: the result itself for a compile, else the compile it ran first."""
     if isinstance(result, CompileResult):
         return result
-    if isinstance(result, (TestResult, BenchmarkResult)):
+    if isinstance(result, (TestResult, BenchmarkResult, ProfileResult)):
         return result.compile
     return None

@@ -54,6 +54,11 @@ class SandboxSettings(BaseSettings):
     compile_timeout_s: float = Field(900.0, gt=0, description="wall-clock limit of a compile worker")
     test_timeout_s: float = Field(900.0, gt=0, description="wall-clock limit of a test worker")
     benchmark_timeout_s: float = Field(900.0, gt=0, description="wall-clock limit of a benchmark worker")
+    profile_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="wall-clock limit of a profile worker (its build, one forward under Nsight Compute)",
+    )
     build_nice: int = Field(
         10,
         ge=0,

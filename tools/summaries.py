@@ -1,7 +1,8 @@
 """A verdict as an agent reads it: short, with what it needs to act on.
 
 Diagnostics come with the submitted source lines around them, failed checks with their errors and first
-mismatch, timings with speedups and the fraction of the roofline floor. Both sides of the service's line
+mismatch, timings with speedups and the fraction of the roofline floor, profiles with their summary and warnings.
+Both sides of the service's line
 write these: the agent's llm proposer (its tool results, `kernelloop.agent.tool_summaries`) and the MCP tools
 (`kernelloop.server.mcp_tools`), so a coding agent and our own loop read a verdict in the same words.
 """
@@ -14,6 +15,7 @@ from kernelloop.tools.results import (
     CompileResult,
     Diagnostic,
     PhaseResult,
+    ProfileResult,
     Status,
     TestResult,
     compile_part,
@@ -120,6 +122,23 @@ def summarize_benchmark(result: BenchmarkResult) -> list[str]:
     return lines
 
 
+def summarize_profile(result: ProfileResult) -> list[str]:
+    """The profile's summary (the dominant kernel, its bound and losses, then a line per kernel) and warnings."""
+    if result.compile is not None and not result.compile.ok:
+        return []
+    lines = [f"profile_kernel: {result.status.value}" + (f" on shape {result.shape}" if result.shape else "")]
+    if result.status != Status.passed and result.message:
+        lines.append(f"  {result.message}")
+    lines += [f"  {line}" if not line.startswith("  ") else line for line in result.summary.splitlines()]
+    if result.judge_ms is not None and result.profiled_ms is not None:
+        lines.append(
+            f"  the forward took {result.judge_ms:.4f} ms by the judge's clock; the profiled kernels "
+            f"{result.profiled_ms:.4f} ms in all (under the profiler: base clocks, cold caches)"
+        )
+    lines += [f"  warning: {w}" for w in result.warnings]
+    return lines
+
+
 def summarize_result(result: PhaseResult, code: str) -> list[str]:
     lines: list[str] = []
     compiled = compile_part(result)
@@ -129,6 +148,8 @@ def summarize_result(result: PhaseResult, code: str) -> list[str]:
         lines += summarize_test(result)
     if isinstance(result, BenchmarkResult):
         lines += summarize_benchmark(result)
+    if isinstance(result, ProfileResult):
+        lines += summarize_profile(result)
     if not lines:
         lines.append(f"{result.kind}: {result.status.value}" + (f" - {result.message}" if result.message else ""))
     return lines

@@ -63,7 +63,7 @@ def start(job: WorkerJob, link: RunnerLink, report: Report) -> tuple[CompileResu
             request = Start(
                 problem_path=step.problem.path,
                 backend=step.backend,
-                timing=step.phase == "benchmark",
+                timing=step.phase == "benchmark" or (step.phase == "profile" and link.tool is None),
                 forbidden_libraries=list(step.problem.forbidden_libraries),
                 observer_library=library if operators is not None else None,
             )

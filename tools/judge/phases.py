@@ -2,8 +2,9 @@
 
 The registry (`kernelloop.tools.phase_registry`) is imported by the service, which never imports torch; this
 table is the judge's side of it, imported by the worker once its runner is forked. Each phase is its own
-module: `compiling` (the start every phase begins with, and the compile phase), `correctness` (the test phase)
-and `benchmarking` (the benchmark phase), over what they share in `session`.
+module: `compiling` (the start every phase begins with, and the compile phase), `correctness` (the test phase),
+`benchmarking` (the benchmark phase) and `profiling` (the profile under Nsight Compute), over what they share in
+`session`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.judge.benchmarking import benchmark_phase
 from kernelloop.tools.judge.compiling import compile_only_phase
 from kernelloop.tools.judge.correctness import test_phase
+from kernelloop.tools.judge.profiling import profile_phase
 from kernelloop.tools.judge.runner_link import RunnerLink
 from kernelloop.tools.judge.session import Report
 from kernelloop.tools.phase_registry import PHASES, Phase
@@ -25,6 +27,7 @@ PHASE_RUNNERS: dict[Phase, PhaseRunner] = {
     "compile": compile_only_phase,
     "test": test_phase,
     "benchmark": benchmark_phase,
+    "profile": profile_phase,
 }
 
 assert set(PHASE_RUNNERS) == set(PHASES), "every phase of the registry needs its runner in the judge"
