@@ -47,6 +47,12 @@ class EvalOptions(BaseModel):
     timeout_s: float | None = Field(
         None, gt=0, le=3600, description="wall-clock limit of the worker; default per phase"
     )
+    memory_check: bool = Field(
+        True,
+        description="test, cuda backend: once every check has passed, run the candidate's forward again under "
+        "compute-sanitizer (memcheck, racecheck where it uses __shared__, initcheck) on the smallest correctness "
+        "shape; a finding fails the test as memory_error. false skips it (faster, and blind to reads past the end)",
+    )
     compare_torch_compile: bool = Field(False, description="benchmark: also time torch.compile(Model)")
     time_budget_s: float = Field(
         2.0, gt=0, le=60, description="benchmark: seconds of timing per shape, a cap (3 timed calls are always made)"

@@ -29,6 +29,7 @@ class Status(str, Enum):
     input_mutated = "input_mutated"  # the candidate wrote into its inputs
     nondeterministic = "nondeterministic"  # two runs on one input disagree (a race)
     forbidden_op = "forbidden_op"  # the candidate let the reference's own operator do the work
+    memory_error = "memory_error"  # compute-sanitizer found an out-of-bounds access, a race or an uninitialized read
     # benchmark phase
     suspicious = "suspicious"  # faster than physics allows, or timed outputs were wrong
     # any phase
@@ -176,6 +177,52 @@ class TolerancePolicy(BaseModel):
     min_trials: int = Field(1, description="input sets per shape at least (KernelBench checks 5)")
 
 
+MemoryTool = Literal["memcheck", "racecheck", "initcheck"]
+MemoryFindingKind = Literal["invalid_access", "misaligned_access", "race", "uninitialized_read", "api_error", "other"]
+
+
+class MemoryFinding(BaseModel):
+    """One error compute-sanitizer reported, as the judge read it from the tool's own output."""
+
+    tool: MemoryTool
+    kind: MemoryFindingKind
+    severity: Literal["error", "warning"] = "error"
+    access: str = Field(description="the tool's headline, e.g. 'Invalid __global__ read of size 4 bytes'")
+    kernel: str | None = Field(
+        None, description="the kernel (demangled) the access was made in, when the tool names one"
+    )
+    location: str | None = Field(
+        None,
+        description="where the tool placed it: the compiled file and line (e.g. cuda.cu:12), builds carry -lineinfo",
+    )
+    line: int | None = Field(None, description="1-based line in the submitted source, when it maps back")
+    excerpt: str | None = Field(None, description="the submitted source line the report points at")
+    thread: str | None = Field(None, description="e.g. 'thread (231,0,0) in block (3,0,0)'")
+    detail: str = Field("", description="the rest of the tool's report: the address, the nearest allocation, the race")
+
+
+class MemoryToolRun(BaseModel):
+    """One run of the candidate's forward under one compute-sanitizer tool."""
+
+    tool: MemoryTool
+    seconds: float
+    exit_code: int | None = Field(None, description="the tool's exit code; None when it was killed")
+    errors: int | None = Field(None, description="the error count of the tool's summary line; None: no summary line")
+    findings_not_printed: int = Field(0, description="errors the tool counted beyond its --print-limit")
+    verdict: Status = Status.passed
+
+
+class MemoryCheck(BaseModel):
+    """The test phase's last step on the cuda backend: the candidate's forward once more, under compute-sanitizer's
+    memcheck, racecheck (where the source uses __shared__) and initcheck, on the smallest correctness shape."""
+
+    skipped: str | None = Field(None, description="why the check did not run (the cpu backend, no tool, turned off)")
+    shape: str | None = None
+    seed: int | None = None
+    tools: list[MemoryToolRun] = []
+    findings: list[MemoryFinding] = []
+
+
 class TestResult(PhaseResult):
     __test__ = False  # not a pytest class
     kind: Literal["test"] = "test"
@@ -190,6 +237,9 @@ class TestResult(PhaseResult):
     checks: list[ShapeCheck] = []
     parameter_mapping: str = Field("", description="how the reference's parameters were copied into ModelNew")
     ops_called: list[str] = Field([], description="aten operators the candidate's forward dispatched")
+    memory_check: MemoryCheck | None = Field(
+        None, description="compute-sanitizer's run of the candidate (cuda backend, after every check passed)"
+    )
 
 
 class Timing(BaseModel):

@@ -125,6 +125,7 @@ def _run_tool(args: argparse.Namespace) -> int:
         shapes=args.shapes,
         seeds=args.seeds,
         seed=args.seed,
+        memory_check=not args.no_memory_check,
         compare_torch_compile=args.torch_compile,
         time_budget_s=args.time_budget,
         timeout_s=args.timeout,
@@ -167,6 +168,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--torch-compile", action="store_true", help="also time torch.compile(Model) (bench)")
         p.add_argument("--time-budget", type=float, default=2.0, help="seconds of timing per shape (bench)")
         p.add_argument("--timeout", type=float, help="wall-clock limit of the worker, seconds")
+        p.add_argument(
+            "--no-memory-check",
+            action="store_true",
+            help="test on cuda: skip the forward under compute-sanitizer (memcheck, racecheck, initcheck) that "
+            "follows the checks",
+        )
         p.add_argument(
             "--policy",
             choices=POLICY_CHOICES,

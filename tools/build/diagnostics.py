@@ -197,6 +197,17 @@ def _located(
     )
 
 
+def submitted_line(generated_path: str, generated_line: int, source: str) -> int | None:
+    """The submitted line that line `generated_line` of a file load_inline wrote (cuda.cu, main.cpp) was copied
+    from, or None where it is not one of those files or no single submitted line fits."""
+    if Path(generated_path).name not in LOAD_INLINE_FILES:
+        return None
+    file_lines = _read_lines(generated_path)
+    if file_lines is None or not 1 <= generated_line <= len(file_lines):
+        return None
+    return _align(file_lines, generated_line, source.splitlines())
+
+
 def _read_lines(path: str) -> list[str] | None:
     try:
         return Path(path).read_text(errors="replace").splitlines()

@@ -20,6 +20,9 @@ from pathlib import Path
 from kernelloop.tools.settings import SandboxSettings
 
 NVCC_DRIVER = Path(__file__).resolve().parent / "nvcc_parallel.py"
+NVCC_FLAGS = ["-lineinfo"]
+"""added to every nvcc command (NVCC_APPEND_FLAGS): line tables in the device code, so compute-sanitizer's reports
+name the line of cuda.cu a bad access was made on (no change to the code generated); part of the cache key"""
 
 
 @lru_cache(maxsize=1)
@@ -80,7 +83,7 @@ def build_environment(settings: SandboxSettings) -> dict[str, str]:
     includes = wheel_include_dirs()
     if includes:
         env["CPLUS_INCLUDE_PATH"] = os.pathsep.join(includes)
-        env["NVCC_APPEND_FLAGS"] = " ".join(f"-isystem {d}" for d in includes)
+    env["NVCC_APPEND_FLAGS"] = " ".join([*NVCC_FLAGS, *(f"-isystem {d}" for d in includes)])
     return env
 
 
@@ -154,6 +157,7 @@ def _ask_toolchain(settings_arch: str) -> dict[str, str]:
         "cxx": _first_line([os.environ.get("CXX", "c++"), "--version"]),
         "arch": gpu_arch() or settings_arch,
         "machine": platform.machine(),
+        "nvcc_flags": " ".join(NVCC_FLAGS),
     }
 
 
@@ -167,7 +171,11 @@ def _toolchain_files(settings_arch: str) -> dict[str, object]:
         "torch": str(Path(spec.origin).with_name("version.py")) if spec and spec.origin else None,
         "python": sys.executable,
     }
-    stats: dict[str, object] = {"arch_setting": settings_arch, "platform": platform.platform()}
+    stats: dict[str, object] = {
+        "arch_setting": settings_arch,
+        "platform": platform.platform(),
+        "nvcc_flags": NVCC_FLAGS,  # a fingerprint kept from before a change of flags is asked again
+    }
     for name, file in files.items():
         try:
             info = Path(file).resolve().stat() if file else None

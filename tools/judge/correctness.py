@@ -2,30 +2,26 @@
 
 Each check runs the candidate twice on one fresh input, each time into NaN-filled buffers, and judges its
 outputs under the session's policy (against the float64 truth, or under kernelbench by allclose against the
-reference's own output); the two runs must agree. Failures are values: every way a submission can fail ends as
-a status with a message that names the shape, the seed, the element and the values involved.
+reference's own output); the two runs must agree (`kernelloop.tools.judge.expectation`). Once every check has
+passed, on the cuda backend, the candidate runs once more under compute-sanitizer
+(`kernelloop.tools.judge.memory_check`). Failures are values: every way a submission can fail ends as a status
+with a message that names the shape, the seed, the element and the values involved.
 """
 
 from __future__ import annotations
 
-import copy
-import time
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 
 from kernelloop.tools.jobs import WorkerJob
-from kernelloop.tools.judge import checking
 from kernelloop.tools.judge.compiling import load, start
+from kernelloop.tools.judge.expectation import expected_for, judged, take_outputs
+from kernelloop.tools.judge.memory_check import memory_check
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.judge.session import (
     Fail,
     Report,
     Session,
-    answered,
     as_failure,
-    draw_inputs,
     forbidden_message,
     free_device_memory,
     harness_failure,
@@ -33,21 +29,15 @@ from kernelloop.tools.judge.session import (
     mutated,
     poison,
     prepare,
-    reference_model,
     selected,
     set_precision_policy,
     share,
     stopwatch,
     synchronize,
 )
-from kernelloop.tools.problems import ShapeSpec, job_dtype, kernelbench_policy, truth_policy, verdict_policy
+from kernelloop.tools.problems import ShapeSpec, verdict_policy
 from kernelloop.tools.results import ShapeCheck, Status, TestResult
-from kernelloop.tools.runner import candidate
-from kernelloop.tools.runner.messages import Call, Called
-
-OTHER_VERDICT_MAX_CHECK_BYTES = 8 << 30
-"""under the kernelbench policy, the float64 truth (for the strict policy's verdict beside it) is computed only for
-shapes whose check holds at most this much: KernelBench's level 1 inputs reach 8 GiB, their truth twice that"""
+from kernelloop.tools.runner.messages import Call
 
 
 def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
@@ -84,6 +74,8 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
                 return result
     _conclude(session, result)
     result.ops_called = sorted(session.ops)
+    if result.status == Status.passed:
+        memory_check(session, result)
     return result
 
 
@@ -128,12 +120,6 @@ def _tally_other_verdicts(result: TestResult, check: ShapeCheck) -> None:
             result.other_verdicts[name] = status
 
 
-def _take_outputs(called: Called, slots: list[torch.Tensor], what: str) -> list[torch.Tensor]:
-    """The judge's private copy of what the runner wrote, once the runner has answered for it."""
-    answered(called, what)
-    return [slot.clone() for slot in slots]
-
-
 def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult) -> ShapeCheck:
     """The candidate twice on one fresh input, each time into NaN-filled buffers, judged under the session's
     policy (against the float64 truth the judge computed from its own reference, or, under kernelbench, by
@@ -142,7 +128,7 @@ def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult
     Its time is kept in four parts (`checks.expected`, `.share`, `.calls`, `.compare`): where a test's time goes."""
     device, policy = session.device, session.policy
     with stopwatch(result, "checks.expected"):
-        expected = _expected(session, shape, seed)
+        expected = expected_for(session, shape, seed)
     reference, inputs, reference_out, truth = expected.reference, expected.inputs, expected.outputs, expected.truth
     if truth is None and policy.name != "kernelbench":  # a policy that judges by the truth cannot judge at all
         raise Fail(Status.sandbox_error, expected.truth_error)
@@ -157,115 +143,9 @@ def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult
             poison(shared.slot_views[slot_index])
             synchronize(device)
             called = session.ask_call(Call(input_set=0, slot=slot_index, timed=False), expected.seconds)
-            outputs.append(_take_outputs(called, shared.slot_views[slot_index], what))
+            outputs.append(take_outputs(called, shared.slot_views[slot_index], what))
             changed = mutated(shared.input_views[0], inputs)
         if changed:
             raise Fail(Status.input_mutated, changed)
     with stopwatch(result, "checks.compare"):
-        return _judged(session, shape, seed, expected, outputs)
-
-
-def _judged(
-    session: Session, shape: ShapeSpec, seed: int, expected: _Expected, outputs: list[list[torch.Tensor]]
-) -> ShapeCheck:
-    """The verdict on the candidate's two outputs for one input, under the session's policy and the other."""
-    step, device, policy = session.step, session.device, session.policy
-    tol = policy.max_rel_error
-    reference_out, truth = expected.outputs, expected.truth
-    reference_error = max((checking.relative_max_error(r, t) for r, t in zip(reference_out, truth or [])), default=0.0)
-    first, second = outputs
-    dtype = job_dtype(step.problem, step.options.precision)
-    strict = truth_policy("fp32", dtype) if policy.name == "kernelbench" else policy
-
-    def by_truth(out: list[torch.Tensor]) -> ShapeCheck:
-        return checking.compare_outputs(out, truth or [], strict.max_rel_error)
-
-    def by_kernelbench(out: list[torch.Tensor]) -> ShapeCheck:
-        kernelbench = kernelbench_policy(dtype)
-        return checking.compare_allclose(out, reference_out, kernelbench.atol or 0.0, kernelbench.rtol or 0.0)
-
-    judge, other = (by_kernelbench, by_truth) if policy.name == "kernelbench" else (by_truth, by_kernelbench)
-    check = judge(first)
-    same_bits = all(torch.equal(a, b) for a, b in zip(first, second))  # a NaN never equals itself
-    if check.status == Status.passed and not same_bits:  # the same bits would be judged the same, without drift
-        again = judge(second)
-        if again.status != Status.passed:
-            check = again
-            check.message = "the second run on the same input: " + check.message
-        else:
-            drift = max((checking.relative_max_error(a, b.double()) for a, b in zip(first, second)), default=0.0)
-            if drift > tol:
-                check.status = Status.nondeterministic
-                check.message = (
-                    f"two runs on one input differ by {drift:.3g} x max|output| (tolerance {tol:g}): a race?"
-                )
-    check.shape, check.seed = shape.name, seed
-    check.reference_max_rel_error = reference_error if truth is not None else None
-    if policy.name != "kernelbench" and reference_error > tol / 2:  # whatever the candidate did: not its fault
-        check.status = Status.sandbox_error
-        check.message = (
-            f"the reference's own error {reference_error:.3g} x max|truth| leaves less than a 2x margin under the "
-            f"tolerance {tol:g} on shape {shape.name}: a policy against the float64 truth cannot judge this problem "
-            "(the problem's failure, not the kernel's); judge it with --policy kernelbench"
-        )
-    check.verdicts = {policy.name: check.status}
-    if not expected.mode_matters and truth is not None:
-        try:
-            check.verdicts[strict.name if policy.name == "kernelbench" else "kernelbench"] = other(first).status
-        except (torch.OutOfMemoryError, MemoryError):  # only said when cheap: this one was not
-            free_device_memory(device)
-    return check
-
-
-@dataclass
-class _Expected:
-    """The judge's side of one check: its reference, the inputs, the reference's output and the float64 truth."""
-
-    reference: torch.nn.Module
-    inputs: list[Any]
-    outputs: list[torch.Tensor]
-    seconds: float
-    truth: list[torch.Tensor] | None
-    truth_error: str
-    mode_matters: bool
-    """the reference's output changes with its mode (batch norm, dropout): the other policy's verdict would need
-    runs of its own, so it is not given"""
-    model_seed: int
-    """the seed both models were built under (the runner is told it; the inputs' seed it never hears of)"""
-
-
-def _expected(session: Session, shape: ShapeSpec, seed: int) -> _Expected:
-    """Build the reference, draw the inputs, run it, and compute the float64 truth. A failure here is the
-    judge's (the problem's, or the machine's), never the kernel's: `sandbox_error`, saying what to change."""
-    device, policy = session.device, session.policy
-    model_seed = session.seeds.model_seed(seed)
-    try:
-        torch.manual_seed(model_seed)
-        reference = reference_model(session, shape)
-        inputs = draw_inputs(session, shape, seed)  # reseeds: nothing drawn before says what these hold
-        with torch.no_grad():
-            started = time.perf_counter()
-            outputs = checking.flatten_outputs(reference(*candidate.clone_inputs(inputs))) or []
-            synchronize(device)
-            seconds = time.perf_counter() - started
-            in_other_mode = copy.deepcopy(reference).train(not policy.training_mode)
-            other = checking.flatten_outputs(in_other_mode(*candidate.clone_inputs(inputs))) or []
-            mode_matters = len(other) != len(outputs) or not all(torch.equal(a, b) for a, b in zip(other, outputs))
-            del in_other_mode, other
-    except Exception as exc:
-        raise Fail(Status.sandbox_error, harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
-    truth, truth_error = None, ""
-    if policy.name == "kernelbench" and (shape.check_bytes() or 0) > OTHER_VERDICT_MAX_CHECK_BYTES:
-        return _Expected(reference, inputs, outputs, seconds, None, "", mode_matters, model_seed)  # not cheap
-    try:
-        with torch.no_grad():
-            reference64 = copy.deepcopy(reference).double()
-            as64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-            truth = checking.flatten_outputs(reference64(*as64)) or []
-            del reference64, as64
-    except Exception as exc:
-        truth_error = harness_failure(
-            f"the float64 truth of shape {shape.name} could not be computed", exc, "--policy kernelbench (which "
-            "compares against the reference in its own precision) judges this problem without it"
-        )  # fmt: skip
-    return _Expected(reference, inputs, outputs, seconds, truth, truth_error, mode_matters, model_seed)
+        return judged(session, shape, seed, expected, outputs)

@@ -244,6 +244,8 @@ class Shared:
     input_views: list[list[torch.Tensor | None]]
     slots: list[list[SharedTensor]]
     slot_views: list[list[torch.Tensor]]
+    staging: SharedArena | None = None
+    """host memory holding the parameters and inputs, when they were staged there (`share(..., staged=True)`)"""
 
     def close(self) -> None:
         for fd in self.fds:
@@ -257,9 +259,15 @@ def share(
     input_sets: list[list[Any]],
     outputs: list[torch.Tensor],
     n_slots: int,
+    staged: bool = False,
 ) -> Shared:
+    """The reference's parameters, the input sets and `n_slots` output buffers, shared with the runner. `staged`:
+    the parameters and inputs in host memory, which a GPU runner copies onto its device into memory of its own
+    (`kernelloop.tools.runner.shared_tensors.open_shared`), as a memory checker must see it written."""
     arena, fds = SharedArena(device), list[int]()
-    parameters = {name: arena.share(t.detach(), fds)[1] for name, t in candidate.state_tensors(reference).items()}
+    staging = SharedArena(torch.device("cpu")) if staged else None
+    given = staging or arena
+    parameters = {name: given.share(t.detach(), fds)[1] for name, t in candidate.state_tensors(reference).items()}
     arguments: list[list[Argument]] = []
     views: list[list[torch.Tensor | None]] = []
     for inputs in input_sets:
@@ -267,7 +275,7 @@ def share(
         view_row: list[torch.Tensor | None] = []
         for x in inputs:
             if isinstance(x, torch.Tensor):
-                view, description = arena.share(x, fds)
+                view, description = given.share(x, fds)
                 row.append(Argument(tensor=description))
                 view_row.append(view)
             else:
@@ -280,7 +288,7 @@ def share(
         pairs = [arena.new(tuple(o.shape), o.dtype, fds) for o in outputs]
         slot_views.append([view for view, _ in pairs])
         slots.append([description for _, description in pairs])
-    return Shared(arena, fds, parameters, arguments, views, slots, slot_views)
+    return Shared(arena, fds, parameters, arguments, views, slots, slot_views, staging)
 
 
 def prepare(

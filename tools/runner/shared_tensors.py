@@ -3,8 +3,10 @@
 On the GPU they live in a memory pool of their own and travel as CUDA IPC handles: an IPC handle opens
 the whole allocation it points into, so nothing the judge keeps to itself (the truth, the reference's
 outputs, its own copy of the inputs) may share an allocation with a shared tensor. On the CPU each is a
-memfd of its own, passed over the channel. The judge copies what it shares from private tensors and reads
-back what the runner wrote into private ones, so whatever the runner does to a shared tensor stays there.
+memfd of its own, passed over the channel; a GPU runner given one (parameters and inputs staged in host memory
+for a memory check) copies it onto its device, into memory of its own. The judge copies what it shares from
+private tensors and reads back what the runner wrote into private ones, so whatever the runner does to a shared
+tensor stays there.
 """
 
 from __future__ import annotations
@@ -82,7 +84,10 @@ def open_shared(description: SharedTensor, fds: list[int], device: torch.device)
     fd = fds[description.fd_index]
     nbytes = max(1, _numel(shape) * torch.empty((), dtype=dtype).element_size())
     mapping = mmap.mmap(fd, nbytes)
-    return torch.frombuffer(mapping, dtype=dtype, count=_numel(shape)).view(shape)
+    tensor = torch.frombuffer(mapping, dtype=dtype, count=_numel(shape)).view(shape)
+    if device.type == "cuda":  # staged in host memory for a GPU runner (a memory check): copied into its own
+        return tensor.to(device)
+    return tensor
 
 
 def _numel(shape: tuple[int, ...] | list[int]) -> int:
