@@ -90,7 +90,9 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str) -> str:
     return "\n".join(
         [
             f"You write fast, correct kernels for the problem `{problem.name}` on the {backend} backend, and improve "
-            "them step by step with three tools that build, check and time your code on the real device.",
+            "them step by step with tools that build, check, time"
+            + (" and profile" if backend == "cuda" else "")
+            + " your code on the real device.",
             "",
             f"Device: {device}.",
             "",
@@ -129,8 +131,19 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str) -> str:
             f"as `code`; pass problem `{problem.name}` and backend `{backend}`. Start from a simple correct kernel, "
             "compile it, test it, benchmark it, then make it faster. Every call is recorded as an attempt; when a "
             "change makes things worse the loop returns to the best kernel so far. Always answer with a tool call.",
+            *([PROFILE_ADVICE] if backend == "cuda" else []),
         ]
     )
+
+
+PROFILE_ADVICE = (
+    "When a kernel passed run_tests but its benchmark shows it far from the roofline floor (a small fraction of "
+    "the floor), call profile_kernel on it before changing it, to decide what to fix: it runs one forward under "
+    "Nsight Compute (on the first benchmark shape, or options.shapes [name]) and answers, per kernel, whether it is "
+    "memory- or compute-bound and how near that peak, its occupancy and what limits it, its cache hit rates and "
+    "its top warp stall reasons. It checks nothing and is never an attempt's verdict; do not profile a kernel "
+    "that is not yet correct."
+)
 
 
 def opening_message(

@@ -6,7 +6,7 @@ One-line digests of the same outcomes stand in for older turns once the conversa
 from __future__ import annotations
 
 from kernelloop.agent.models import Outcome, status_text
-from kernelloop.tools.results import CompileResult, TestResult, compile_part
+from kernelloop.tools.results import CompileResult, ProfileResult, TestResult, compile_part
 from kernelloop.tools.summaries import summarize_result
 
 
@@ -53,6 +53,10 @@ def digest_outcome(outcome: Outcome) -> str:
                 line += f" (shape {bad.shape}: {bad.status.value}" + (
                     f", max rel error {bad.max_rel_error:.2e})" if bad.max_rel_error is not None else ")"
                 )
+            break
+        if isinstance(result, ProfileResult) and result.summary:
+            said = result.summary.splitlines()
+            line += f" ({said[min(1, len(said) - 1)][:160]})"  # the dominant kernel's bound and losses
             break
     if outcome.service_error:
         line += f" ({outcome.service_error[:100]})"

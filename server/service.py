@@ -195,6 +195,14 @@ class Service:
         """The backend a job runs on: the one asked for, else cuda when there is a GPU; refused when it
         needs a GPU this service does not have."""
         backend = asked or self.default_backend
+        if phase == "profile" and backend != "cuda":
+            raise ApiError(
+                422,
+                "profile_needs_cuda",
+                f"profile on the {backend} backend: Nsight Compute profiles GPU kernels only",
+                field="body.backend",
+                fix="send backend cuda to a service with a GPU (GET /v1/devices)",
+            )
         needs_gpu = any(PHASES[step].needs_gpu for step in steps_of(phase))
         if backend == "cuda" and needs_gpu and "gpu" not in self.scheduler.kinds():
             raise ApiError(

@@ -4,9 +4,9 @@ The parameters are `KernelSubmission`'s JSON Schema (what POST /v1/compile, /v1/
 read, less the fields the agent loop fills in: run, parent, step, proposer), with every $ref inlined so
 that OpenAI-compatible servers that do not resolve references (vLLM, Ollama) read it too.
 
-Of the options, an agent is offered the timing knobs only. Narrowing the shapes or the seeds would give a
-verdict that never counts (storage.coverage), and the worker's timeout and the sample counts are the service's
-to set; the endpoints still take every option from other clients.
+Of the options, an agent is offered the timing knobs and, for profile_kernel, the one shape to profile. Narrowing a
+test's or benchmark's shapes or seeds would give a verdict that never counts (storage.coverage), and the worker's
+timeout and the sample counts are the service's to set; the endpoints still take every option from other clients.
 """
 
 from __future__ import annotations
@@ -22,10 +22,16 @@ from kernelloop.tools.phase_registry import AGENT_TOOLS, TOOLS
 
 
 class AgentEvalOptions(BaseModel):
-    """How the benchmark times the kernel."""  # the options offered to agents: EvalOptions' own fields
+    """How the benchmark times the kernel, and which shape a profile runs."""  # agents' options: EvalOptions' own
 
     compare_torch_compile: bool = EvalOptions.model_fields["compare_torch_compile"]  # type: ignore[assignment]
     time_budget_s: float = EvalOptions.model_fields["time_budget_s"]  # type: ignore[assignment]
+    shapes: list[str] | None = Field(
+        None,
+        max_length=1,
+        description="profile_kernel only: [the benchmark shape to profile]; default: the problem's first benchmark "
+        "shape (a test or benchmark narrowed to fewer shapes never counts)",
+    )
 
 
 class AgentSubmission(KernelSubmission):
@@ -33,8 +39,8 @@ class AgentSubmission(KernelSubmission):
 
     options: AgentEvalOptions | None = Field(  # type: ignore[assignment]
         None,
-        description="benchmark timing; tests always cover every correctness shape with the default seeds, "
-        "benchmarks every benchmark shape",
+        description="benchmark timing, and profile_kernel's shape; tests always cover every correctness shape with "
+        "the default seeds, benchmarks every benchmark shape",
     )
 
 

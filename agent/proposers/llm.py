@@ -24,6 +24,7 @@ from kernelloop.agent.prompt import opening_message
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.tool_summaries import digest_outcome, summarize_outcome
 from kernelloop.contract import ProblemDetail
+from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import AGENT_TOOLS
 
 TOOLS: dict[str, ToolName] = {name: name for name in AGENT_TOOLS}
@@ -172,7 +173,7 @@ class LlmProposer:
         """The proposal a tool call asks for, or the error message that answers it."""
         tool = TOOLS.get(call.name.rsplit(".", 1)[-1])  # some servers send "functions.compile_kernel"
         if tool is None:
-            return f"there is no tool {call.name!r}; the tools are compile_kernel, run_tests and benchmark"
+            return f"there is no tool {call.name!r}; the tools are {', '.join(TOOLS)}"
         try:
             arguments = json.loads(call.arguments) if call.arguments.strip() else {}
         except json.JSONDecodeError as exc:
@@ -189,6 +190,7 @@ class LlmProposer:
         return Proposal(
             code=code,
             tool=tool,
+            options=_profile_options(tool, arguments),
             tool_call_id=call.id,
             rationale=(rationale or "")[:4000],
             label=f"{tool} ({len(code.splitlines())} lines)",
@@ -228,3 +230,13 @@ class LlmProposer:
                 indent=1,
             )
         )
+
+
+def _profile_options(tool: ToolName, arguments: dict[str, Any]) -> EvalOptions | None:
+    """The shape a profile_kernel call names (options.shapes), the one option a model's call carries through; the
+    service refuses an unknown name with the names there are."""
+    options = arguments.get("options")
+    shapes = options.get("shapes") if isinstance(options, dict) else None
+    if tool != "profile_kernel" or not isinstance(shapes, list) or not all(isinstance(s, str) for s in shapes):
+        return None
+    return EvalOptions(shapes=shapes[:1]) if shapes else None

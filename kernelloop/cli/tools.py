@@ -1,4 +1,4 @@
-"""`kernelloop compile|test|bench FILE` and `kernelloop demo`: the tools on a file, in this process's sandbox.
+"""`kernelloop compile|test|bench|profile FILE` and `kernelloop demo`: the tools on a file, in this process's sandbox.
 
 Readable by default, `--json` for scripts. Exit status: 0 passed, 1 the submission failed, 2 bad arguments.
 """
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from kernelloop.cli.live_line import LiveLine
-from kernelloop.tools.api import benchmark, default_backend, make_step, run_phase, run_tests
+from kernelloop.tools.api import benchmark, default_backend, make_step, profile_shapes, run_phase, run_tests
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import PHASES
 from kernelloop.tools.problems import (
@@ -25,6 +25,7 @@ from kernelloop.tools.results import (
     BenchmarkResult,
     CompileResult,
     PhaseResult,
+    ProfileResult,
     Status,
     TestResult,
     Timing,
@@ -101,6 +102,8 @@ def format_result(result: PhaseResult) -> str:
         lines += _format_test(result)
     if isinstance(result, BenchmarkResult):
         lines += _format_benchmark(result)
+    if isinstance(result, ProfileResult):
+        lines += _format_profile(result)
     if result.sandbox:
         s = result.sandbox
         lines.append(
@@ -109,6 +112,17 @@ def format_result(result: PhaseResult) -> str:
             + (f", signal {s.signal}" if s.signal else "")
         )
     return "\n".join(lines)
+
+
+def _format_profile(result: ProfileResult) -> list[str]:
+    lines = [f"profile: {result.status.value}" + (f" on shape {result.shape}" if result.shape else "")]
+    lines += [f"  {line}" for line in result.summary.splitlines()]
+    if result.judge_ms is not None or result.profiled_ms is not None:
+        judged = f"{result.judge_ms:.4f} ms" if result.judge_ms is not None else "-"
+        profiled = f"{result.profiled_ms:.4f} ms" if result.profiled_ms is not None else "-"
+        lines.append(f"  the forward: {judged} by the judge's clock, {profiled} summed over the profiled kernels")
+    lines += [f"  warning: {w}" for w in result.warnings]
+    return lines
 
 
 def _run_tool(args: argparse.Namespace) -> int:
@@ -121,8 +135,16 @@ def _run_tool(args: argparse.Namespace) -> int:
     except ProblemError as exc:
         print(f"kernelloop: --problem: {exc}", file=sys.stderr)
         return 2
+    backend = args.backend or default_backend()
+    shapes = args.shapes
+    if getattr(args, "shape", None):
+        try:
+            shapes = profile_shapes(problem, backend, args.shape)
+        except ProblemError as exc:
+            print(f"kernelloop: --shape: {exc}", file=sys.stderr)
+            return 2
     options = EvalOptions(
-        shapes=args.shapes,
+        shapes=shapes,
         seeds=args.seeds,
         seed=args.seed,
         memory_check=not args.no_memory_check,
@@ -132,7 +154,6 @@ def _run_tool(args: argparse.Namespace) -> int:
         policy=args.policy,
         precision=args.precision,
     )
-    backend = args.backend or default_backend()
     with LiveLine(args.phase, sys.stderr) as live:
         step = make_step(args.phase, problem, path.read_text(), backend, options)
         result = run_phase(step, on_progress=live.update)
@@ -185,6 +206,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
             choices=sorted(PRECISIONS),
             help="KernelBench's precision option: cast the inputs and both models (default: the problem's dtype)",
         )
+        if phase.name == "profile":
+            p.add_argument("--shape", help="the benchmark shape to profile (default: the problem's first)")
         p.set_defaults(handler=_run_tool, phase=phase.name)
     demo = sub.add_parser("demo", help="test and time the shipped example kernel (GPU if present, else CPU)")
     demo.add_argument("--backend", choices=["cuda", "cpu"])

@@ -27,7 +27,15 @@ from kernelloop.contract import (
 from kernelloop.server.web.highlight import highlighted_lines
 from kernelloop.storage import history, problems, queue
 from kernelloop.storage.models import utcnow
-from kernelloop.tools.results import BenchmarkResult, Diagnostic, ShapeBenchmark, ShapeCheck, TestResult, compile_part
+from kernelloop.tools.results import (
+    BenchmarkResult,
+    Diagnostic,
+    ProfileResult,
+    ShapeBenchmark,
+    ShapeCheck,
+    TestResult,
+    compile_part,
+)
 
 LEADERBOARD_DEPTH = 3
 RUN_ATTEMPTS_SHOWN = 500
@@ -102,6 +110,8 @@ class AttemptView(BaseModel):
     timing: list[ShapeBenchmark]
     timing_method: str
     failed_checks: list[ShapeCheck]
+    profile: ProfileResult | None = None
+    """the last profile that read kernels (its summary and one row per kernel)"""
     diff: AttemptDiff | None
     diff_error: str | None
 
@@ -194,6 +204,7 @@ def attempt_view(session: Session, detail: AttemptDetail, against: int | None) -
         timing=benchmark.shapes if benchmark else [],
         timing_method=benchmark.timing_method if benchmark else "",
         failed_checks=[c for c in test.checks if c.status.value != "passed"][:FAILED_CHECKS_SHOWN] if test else [],
+        profile=_last(detail, ProfileResult),
         diff=diff,
         diff_error=diff_error,
     )
@@ -209,7 +220,7 @@ def _diagnostics(detail: AttemptDetail) -> list[Diagnostic]:
     return list(seen.values())
 
 
-R = TypeVar("R", BenchmarkResult, TestResult)
+R = TypeVar("R", BenchmarkResult, TestResult, ProfileResult)
 
 
 def _last(detail: AttemptDetail, kind: type[R]) -> R | None:

@@ -94,16 +94,18 @@ def test_devices_lists_lanes_and_queue(api: httpx.Client) -> None:
 def test_tools_are_openai_functions_made_from_the_request_model(api: httpx.Client) -> None:
     catalog = api.get("/v1/tools").json()
     names = [t["function"]["name"] for t in catalog["tools"]]
-    assert names == ["compile_kernel", "run_tests", "benchmark"] and all(
+    assert names == ["compile_kernel", "run_tests", "benchmark", "profile_kernel"] and all(
         t["type"] == "function" for t in catalog["tools"]
     )
     params = catalog["tools"][0]["function"]["parameters"]
     assert params["type"] == "object" and set(params["required"]) == {"problem", "code"}
     assert {"problem", "code", "backend", "options", "rationale"} <= set(params["properties"])
     assert "$ref" not in json.dumps(params) and "run_id" not in params["properties"]
-    # an agent is offered no option that narrows a verdict (shapes, seeds) or sets the service's limits
+    # an agent is offered no option that narrows a verdict (seeds) or sets the service's limits; shapes only as the
+    # one shape a profile runs
     offered = params["properties"]["options"]["anyOf"][0]["properties"]
-    assert set(offered) == {"compare_torch_compile", "time_budget_s"}
+    assert set(offered) == {"compare_torch_compile", "time_budget_s", "shapes"}
+    assert "profile_kernel only" in offered["shapes"]["description"]
     # the same schema as the endpoint's body, field for field
     body = api.get("/openapi.json").json()["components"]["schemas"]["SubmissionRequest"]["properties"]
     assert set(params["properties"]) <= set(body)
@@ -111,6 +113,7 @@ def test_tools_are_openai_functions_made_from_the_request_model(api: httpx.Clien
         "compile_kernel": "/v1/compile",
         "run_tests": "/v1/test",
         "benchmark": "/v1/benchmark",
+        "profile_kernel": "/v1/profile",
     }
     anthropic = api.get("/v1/tools", params={"format": "anthropic"}).json()["tools"]
     assert anthropic[1]["name"] == "run_tests" and anthropic[1]["input_schema"] == params
@@ -306,6 +309,17 @@ def test_a_narrowed_test_is_kept_but_never_marks_an_attempt_correct(api: httpx.C
 def test_benchmark_tool(api: httpx.Client) -> None:
     job = api.post("/v1/benchmark", json=submission(options=QUICK_EVAL)).json()
     assert job["outcome"] == "passed" and job["results"][0]["shapes"][0]["speedup"] > 0
+
+
+def test_a_profile_on_the_cpu_backend_is_refused_before_anything_runs(api: httpx.Client) -> None:
+    """Nsight Compute profiles GPU kernels: a profile on the cpu backend is a 422 that says to send cuda, and no
+    attempt is recorded for it."""
+    before = api.get("/v1/attempts", params={"limit": 1}).json()["total"]
+    r = api.post("/v1/profile", json=submission(backend="cpu"))
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["error"] == "profile_needs_cuda" and body["field"] == "body.backend" and "cuda" in body["fix"]
+    assert api.get("/v1/attempts", params={"limit": 1}).json()["total"] == before
 
 
 def test_wait_false_answers_202_with_the_job(api: httpx.Client) -> None:
