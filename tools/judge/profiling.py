@@ -81,13 +81,18 @@ def profile_phase(job: WorkerJob, link: RunnerLink, report: Report) -> ProfileRe
         inputs, outputs, model_seed, reference = _shape_setup(session, shape)
         with stopwatch(result, "judge_timing"):
             result.judge_ms = _judge_time(session, shape, inputs, outputs, model_seed, reference)
-        link.close()  # the main runner's work is done: its memory is the profiled runner's now
-        with stopwatch(result, "profile"):
-            tool_run = _profiled_forward(job, shape, inputs, outputs, model_seed, reference, ncu)
     except (Fail, RunnerFailed) as exc:
-        failure = as_failure(exc, "in the profiled forward")
-        return _failed(result, failure.status, failure.message)
+        before = as_failure(exc, "in a forward before the profiler ran")
+        return _failed(result, before.status, before.message)
+    except Exception as exc:  # raised in the judge's own process (the candidate runs in the runner's)
+        return _failed(result, Status.sandbox_error, harness_failure("the judge failed before profiling", exc))
+    link.close()  # the main runner's work is done: the device's memory is the profiled runner's now
+    with stopwatch(result, "profile"):
+        tool_run, failure = _profiled_forward(job, shape, inputs, outputs, model_seed, reference, ncu)
     result.tool_seconds = tool_run.seconds
+    if failure is not None and ncu_report.NO_COUNTERS not in tool_run.output:
+        result.tool_log = "\n".join(ncu_report.split_output(tool_run.output).log)[-TOOL_LOG_CHARS:]
+        return _failed(result, failure.status, failure.message)
     return _read_profile(result, tool_run)
 
 
@@ -155,11 +160,13 @@ def _profiled_forward(
     model_seed: int,
     reference: torch.nn.Module,
     ncu: str,
-) -> ToolRun:
+) -> tuple[ToolRun, Fail | None]:
     """A second runner under ncu: the build loaded again (from the cache), a warm-up forward outside the range,
-    one inside it, then ncu's exit and its output."""
+    one inside it; then ncu's exit and its output, and how the forward failed if it did (ncu's output says
+    more: a host that restricts the counters, a tool that could not start the runner)."""
     command = ncu_report.ncu_command(ncu, NVTX_RANGE)
     link = RunnerLink(wrapper=command, forbidden_libraries=job.step.problem.forbidden_libraries)
+    failure: Fail | None = None
     try:
         again, session = start(job, link, lambda _: None)
         if session is None:
@@ -172,7 +179,12 @@ def _profiled_forward(
         answered(session.ask_call(Call(input_set=0, slot=0, timed=False), 1.0), "the warm-up forward under ncu")
         profiled = Call(input_set=0, slot=0, timed=False, nvtx_range=True)
         answered(session.ask_call(profiled, PROFILED_CALL_S / CALL_DEADLINE_FACTOR), "the forward under ncu")
-        return link.finish_tool(TOOL_EXIT_S)
+    except (Fail, RunnerFailed) as exc:
+        failure = as_failure(exc, "in the forward under ncu")
+    except Exception as exc:  # the judge's own side (sharing the inputs)
+        failure = Fail(Status.sandbox_error, harness_failure("the judge failed while profiling", exc))
+    try:
+        return link.finish_tool(TOOL_EXIT_S), failure
     finally:
         link.close()
 
