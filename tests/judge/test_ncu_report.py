@@ -183,14 +183,14 @@ def test_counters_restricted_to_administrators_say_what_an_operator_must_set() -
         "on the target device 0. For instructions on enabling permissions and to get more information see "
         "https://developer.nvidia.com/ERR_NVGPUCTRPERM\n==PROF== Disconnected from process 77\n"
     )
-    result = profiling._read_profile(_result(1.0), _tool_run(output, returncode=1))
+    result = profiling.read_profile(_result(1.0), _tool_run(output, returncode=1))
     assert result.status == Status.sandbox_error
     assert "NVreg_RestrictProfilingToAdminUsers=0" in result.message and "CAP_SYS_ADMIN" in result.message
     assert "never widened" in result.message and not result.kernels
 
 
 def test_an_ncu_that_did_not_finish_is_the_machines_failure() -> None:
-    result = profiling._read_profile(_result(1.0), _tool_run("==PROF== Connected\n", None, timed_out=True))
+    result = profiling.read_profile(_result(1.0), _tool_run("==PROF== Connected\n", None, timed_out=True))
     assert result.status == Status.sandbox_error and "ncu did not finish in time" in result.message
 
 
@@ -202,10 +202,10 @@ def test_a_profile_far_from_the_judges_own_time_carries_a_warning() -> None:
         kernel[ncu_report.DURATION] = ms * 1e6  # ns
     output = ncu_table([formatted(k) for k in kernels], {ncu_report.DURATION: "nsecond"})
     total = sum(durations_ms)
-    near = profiling._read_profile(_result(total * 2.5), _tool_run(output))
+    near = profiling.read_profile(_result(total * 2.5), _tool_run(output))
     assert near.status == Status.passed and near.profiled_ms == pytest.approx(total, rel=1e-3)
     assert not near.warnings and len(near.kernels) == 2 and near.summary.startswith("shape s: 2 kernels")
-    far = profiling._read_profile(_result(total * 3.5), _tool_run(output))
+    far = profiling.read_profile(_result(total * 3.5), _tool_run(output))
     assert far.status == Status.passed and len(far.warnings) == 1 and "more than 3x apart" in far.warnings[0]
-    hidden = profiling._read_profile(_result(total / 3.5), _tool_run(output))
+    hidden = profiling.read_profile(_result(total / 3.5), _tool_run(output))
     assert len(hidden.warnings) == 1 and "3x" in hidden.warnings[0]

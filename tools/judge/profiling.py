@@ -93,7 +93,7 @@ def profile_phase(job: WorkerJob, link: RunnerLink, report: Report) -> ProfileRe
     if failure is not None and ncu_report.NO_COUNTERS not in tool_run.output:
         result.tool_log = "\n".join(ncu_report.split_output(tool_run.output).log)[-TOOL_LOG_CHARS:]
         return _failed(result, failure.status, failure.message)
-    return _read_profile(result, tool_run)
+    return read_profile(result, tool_run)
 
 
 def _unable(backend: str, shapes: list[ShapeSpec], ncu: str | None, known: list[str]) -> str:
@@ -189,7 +189,7 @@ def _profiled_forward(
         link.close()
 
 
-def _read_profile(result: ProfileResult, tool_run: ToolRun) -> ProfileResult:
+def read_profile(result: ProfileResult, tool_run: ToolRun) -> ProfileResult:
     """ncu's table as kernels on the roofline, the summary, and the warnings; ncu's own failures as the status."""
     table = ncu_report.split_output(tool_run.output)
     result.tool_log = "\n".join(table.log)[-TOOL_LOG_CHARS:]
