@@ -310,8 +310,8 @@ class RunLoop:
 
     @staticmethod
     def _is_regression(outcome: Outcome, best_id: int | None, best_speedup: float | None) -> bool:
-        if best_id is None or outcome.attempt_id == best_id:
-            return False
+        if best_id is None or outcome.attempt_id == best_id or outcome.tool == "profile_kernel":
+            return False  # a profile is advice: whatever it says, the kernel is no worse for it
         if not outcome.passed:
             return True
         return (

@@ -134,7 +134,9 @@ class LlmProposer:
             ),
             digest=digest_outcome(outcome),
         )
-        measured = outcome.tool in ("run_tests", "benchmark", "evaluate") or not outcome.passed
+        measured = outcome.tool in ("run_tests", "benchmark", "evaluate") or (
+            not outcome.passed and outcome.tool != "profile_kernel"
+        )
         if outcome.regressed and measured:
             memory.regressions_in_a_row += 1
         elif outcome.passed and outcome.tool != "compile_kernel":
