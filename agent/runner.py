@@ -26,6 +26,7 @@ from kernelloop.agent.proposers.search import SearchProposer
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.contract import Health, ProblemCreate, ProblemDetail, RunCreate, RunPublic, RunStatus, RunUpdate
+from kernelloop.tools.phase_registry import tools_for
 from kernelloop.tools.problems import problem_name
 
 
@@ -118,6 +119,7 @@ async def build_proposer(
             name=t["function"]["name"], description=t["function"]["description"], parameters=t["function"]["parameters"]
         )
         for t in catalog.tools
+        if t["function"]["name"] in tools_for(config.backend)  # a profile on cuda only
     ]
     devices = await client.devices()
     device = describe_device(config.backend, None if isinstance(devices, ServiceFailure) else devices, service_is_local)

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import threading
 import time
+from typing import get_args
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
@@ -195,13 +196,14 @@ class Service:
         """The backend a job runs on: the one asked for, else cuda when there is a GPU; refused when it
         needs a GPU this service does not have."""
         backend = asked or self.default_backend
-        if phase == "profile" and backend != "cuda":
+        supported = [b for b in get_args(Backend) if all(b in PHASES[step].backends for step in steps_of(phase))]
+        if backend not in supported:
             raise ApiError(
                 422,
-                "profile_needs_cuda",
-                f"profile on the {backend} backend: Nsight Compute profiles GPU kernels only",
+                f"{phase}_needs_{'_or_'.join(supported)}",
+                f"{phase} runs on the {' and '.join(supported)} backend only, not on {backend}",
                 field="body.backend",
-                fix="send backend cuda to a service with a GPU (GET /v1/devices)",
+                fix=f"send backend {' or '.join(supported)} to a service that has it (GET /v1/devices)",
             )
         needs_gpu = any(PHASES[step].needs_gpu for step in steps_of(phase))
         if backend == "cuda" and needs_gpu and "gpu" not in self.scheduler.kinds():

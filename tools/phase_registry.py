@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from kernelloop.tools.results import BenchmarkResult, CompileResult, PhaseResult, ProfileResult, TestResult
+from kernelloop.tools.results import Backend, BenchmarkResult, CompileResult, PhaseResult, ProfileResult, TestResult
 
 Phase = Literal["compile", "test", "benchmark", "profile"]
 """One step a sandboxed worker runs and answers with one result."""
@@ -36,6 +36,8 @@ class PhaseSpec:
     """the kinds of shape it needs at least one of, each"""
     needs_gpu: bool
     """on the cuda backend it runs on a GPU lane (a compile never does: builds never hold a GPU)"""
+    backends: tuple[Backend, ...]
+    """the backends it runs on (a profile: cuda only; the service refuses it on another, agents are not offered it)"""
     summary: str
     """one line for people: the route's docstring and the command's help"""
     description: str
@@ -64,6 +66,7 @@ PHASES: dict[Phase, PhaseSpec] = {
             timeout_setting="compile_timeout_s",
             shape_kinds=(),
             needs_gpu=False,
+            backends=("cuda", "cpu"),
             summary="Build and import the kernel, and instantiate ModelNew for every shape.",
             description="Build and import a kernel submission and instantiate ModelNew for every shape of the "
             "problem. Returns a status (passed, compile_error, missing_model_new, signature_error, runtime_error, "
@@ -77,6 +80,7 @@ PHASES: dict[Phase, PhaseSpec] = {
             timeout_setting="test_timeout_s",
             shape_kinds=("correctness",),
             needs_gpu=True,
+            backends=("cuda", "cpu"),
             summary="Compile, then check ModelNew against the float64 truth on every correctness shape.",
             description="Compile, then compare ModelNew against a float64 ground truth on every correctness shape "
             "with fresh random seeds. Returns pass/fail per shape and seed with max abs/rel error, mismatch count "
@@ -91,6 +95,7 @@ PHASES: dict[Phase, PhaseSpec] = {
             timeout_setting="benchmark_timeout_s",
             shape_kinds=("benchmark",),
             needs_gpu=True,
+            backends=("cuda", "cpu"),
             summary="Compile, then time ModelNew against the reference on every benchmark shape.",
             description="Compile, then time ModelNew against the eager PyTorch reference on every benchmark shape "
             "(interleaved, L2 flushed, median). Returns per-shape times, speedup, TFLOP/s, GB/s and the fraction "
@@ -104,6 +109,7 @@ PHASES: dict[Phase, PhaseSpec] = {
             timeout_setting="profile_timeout_s",
             shape_kinds=("benchmark",),
             needs_gpu=True,
+            backends=("cuda",),
             summary="Compile, then profile one forward of ModelNew under Nsight Compute on one benchmark shape.",
             description="Compile, then run one forward of ModelNew under NVIDIA Nsight Compute on one benchmark shape "
             "(options.shapes: [name]; default the first) and report what the hardware saw, per kernel: duration, "
@@ -135,7 +141,13 @@ TOOLS: dict[ToolName, ToolSpec] = {
 }
 
 AGENT_TOOLS: tuple[ToolName, ...] = tuple(spec.tool for spec in PHASES.values())
+PHASES_BY_TOOL: dict[ToolName, Phase] = {spec.tool: spec.name for spec in PHASES.values()}
 """The tools a language model is offered: one per phase (`evaluate` is for scripts and the search)."""
+
+
+def tools_for(backend: Backend) -> tuple[ToolName, ...]:
+    """The agent tools that run on this backend."""
+    return tuple(name for name in AGENT_TOOLS if backend in PHASES[PHASES_BY_TOOL[name]].backends)
 
 
 def steps_of(phase: JobPhase) -> tuple[Phase, ...]:
