@@ -86,6 +86,16 @@ class _Progress:
             sys.stderr.write("\n")
 
 
+def suite_options(args: argparse.Namespace) -> EvalOptions:
+    """What every job of the suite is judged with."""
+    return EvalOptions(
+        policy=args.policy,
+        precision=args.precision,
+        time_budget_s=args.time_budget,
+        memory_check=not args.no_memory_check,
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     problems_dir, solutions_dir = Path(args.problems_dir), Path(args.solutions_dir)
     if not solutions_dir.is_dir():
@@ -97,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"kernelloop suite: PROBLEMS_DIR: {exc}", file=sys.stderr)
         return 2
     settings = client_settings(args)
-    options = EvalOptions(policy=args.policy, precision=args.precision, time_budget_s=args.time_budget)
+    options = suite_options(args)
     with ExitStack() as stack:
         served = open_service("suite", args, settings, stack)
         if served is None:
@@ -142,6 +152,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--precision", choices=sorted(PRECISIONS), help="KernelBench's precision option: inputs and models cast to it"
     )
     p.add_argument("--time-budget", type=float, default=2.0, help="seconds of timing per benchmark shape, a cap")
+    p.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="on cuda, skip the forward under compute-sanitizer that closes each test (solutions without kernels "
+        "of their own, such as the null suite's, gain nothing from it)",
+    )
     p.add_argument("--name", help="a label for the suite in the history")
     p.add_argument("--server", help="URL of a running kernelloop service (default: start one embedded)")
     p.add_argument("--data-dir", help="data folder of the embedded service (default .kernelloop)")

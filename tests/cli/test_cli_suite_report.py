@@ -62,3 +62,16 @@ def test_the_null_suites_exceptions_name_every_problem_in_full() -> None:
 
     listed = [line.split(":")[0].strip() for line in lines[lines.index("exceptions:") + 1 :]]
     assert listed == [f"level3/{name}" for name in (KERNELBENCH_NAME, shortened[1])], lines
+
+
+def test_the_suite_judges_with_the_memory_check_unless_told_not_to() -> None:
+    """The null suite's solutions launch PyTorch's kernels only: it turns the memory check off, and says so."""
+    from kernelloop.cli import build_parser
+    from kernelloop.cli.suite import suite_options
+
+    parser = build_parser()
+    plain = suite_options(parser.parse_args(["suite", "problems", "solutions"]))
+    without = suite_options(parser.parse_args(["suite", "problems", "solutions", "--no-memory-check"]))
+    assert plain.memory_check and not without.memory_check
+    script = (REPO / "scripts" / "null_suite.py").read_text()
+    assert '"--no-memory-check"' in script
