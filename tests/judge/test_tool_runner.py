@@ -36,6 +36,7 @@ try:
 except PermissionError:
     reached["cudnn"] = "EACCES"
 print("ATTACK reached:", reached, flush=True)
+print("environment:", os.environ.get("KERNELLOOP_UNDER_TOOL"), flush=True)
 
 
 class ModelNew(torch.nn.Module):
@@ -50,7 +51,7 @@ from kernelloop.tools.runner.messages import Load, Loaded, Start, Started
 
 problem, submission, build_dir = sys.argv[1:4]
 tool = ["/bin/sh", "-c", 'echo "TOOL: watching $1"; "$@"; echo "TOOL SUMMARY: runner exit $?"; exit 7', "tool"]
-link = RunnerLink(wrapper=tool, forbidden_libraries=["cudnn"])
+link = RunnerLink(wrapper=tool, forbidden_libraries=["cudnn"], environment={"KERNELLOOP_UNDER_TOOL": "yes"})
 started = link.ask(Start(problem_path=problem, backend="cpu", forbidden_libraries=["cudnn"]), Started, 120)
 code = open(submission).read()
 loaded = link.ask(
@@ -82,6 +83,7 @@ def test_a_runner_under_a_tool_answers_while_the_tool_alone_reports_to_the_judge
     run = outcome["run"]
     assert "ATTACK reached:" in done.stderr, "the candidate's code did not run (or its output was lost)"
     assert "{'tool': 'EPERM', 'judge': 'EPERM', 'cudnn': 'EACCES'}" in done.stderr
+    assert "environment: yes" in done.stderr, "the environment given for the tool did not reach the runner"
     assert outcome["started"] is None and outcome["loaded"] == "passed"
     assert run["returncode"] == 7 and not run["timed_out"] and run["signal"] is None
     assert run["output"].startswith("TOOL: watching ")

@@ -42,12 +42,9 @@ code computes is still checked).
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from kernelloop.tools.build.diagnostics import excerpt, submitted_line
@@ -277,24 +274,11 @@ def _tool_link(session: Session, sanitizer: str, tool: MemoryTool) -> RunnerLink
         "--launch-timeout", "120",
         *TOOL_OPTIONS[tool],
     ]  # fmt: skip
-    with _environment(PYTORCH_NO_CUDA_MEMORY_CACHING="1"):  # the runner inherits it: exact-size allocations
-        return RunnerLink(wrapper=wrapper, forbidden_libraries=list(session.step.problem.forbidden_libraries))
-
-
-@contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """These variables set in this process while a child is started (the judge's own allocator has read its
-    settings long before)."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return RunnerLink(
+        wrapper=wrapper,
+        forbidden_libraries=list(session.step.problem.forbidden_libraries),
+        environment={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},  # the runner's allocations of their exact size
+    )
 
 
 class _Deadline:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
@@ -240,10 +240,16 @@ class _OutputReader(threading.Thread):
 
 
 class RunnerLink:
-    def __init__(self, wrapper: Sequence[str] | None = None, forbidden_libraries: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        wrapper: Sequence[str] | None = None,
+        forbidden_libraries: Sequence[str] = (),
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
         """The judge's runner: forked from this process, or, with a `wrapper` (a GPU tool's command, e.g.
         `[sanitizer, "--tool", "memcheck"]`), started as a program of its own under that tool, with the libraries
-        the problem forbids fenced off before the tool starts (`kernelloop.tools.runner.spawn`)."""
+        the problem forbids fenced off before the tool starts (`kernelloop.tools.runner.spawn`) and `environment`
+        added to the judge's for the tool and the runner."""
         importlib.import_module(RUNNER_MODULE)  # torch and the runner's code, once, for both processes
         import torch
 
@@ -256,7 +262,7 @@ class RunnerLink:
         self._tool_output: _OutputReader | None = None
         self._started = time.monotonic()
         if wrapper:
-            self.process: ForkedRunner = self._spawn(list(wrapper), list(forbidden_libraries), theirs)
+            self.process: ForkedRunner = self._spawn(list(wrapper), list(forbidden_libraries), environment, theirs)
         else:
             if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent made
                 raise RuntimeError("CUDA was initialized in the judge before its runner was forked")
@@ -269,7 +275,9 @@ class RunnerLink:
         self.channel = Channel(ours)
         self.last_envelope_ms = 0.0
 
-    def _spawn(self, wrapper: list[str], fence: list[str], theirs: socket.socket) -> SpawnedRunner:
+    def _spawn(
+        self, wrapper: list[str], fence: list[str], environment: Mapping[str, str] | None, theirs: socket.socket
+    ) -> SpawnedRunner:
         self.tool = Path(wrapper[0]).name
         runner_output = os.dup(2)  # the runner writes where the judge does (the job's log), never into the tool's
         read_end, write_end = os.pipe()
@@ -282,6 +290,7 @@ class RunnerLink:
                 stdout=write_end,
                 stderr=write_end,
                 pass_fds=(theirs.fileno(), runner_output),
+                env={**os.environ, **(environment or {})},
             )
         finally:
             os.close(write_end)
