@@ -359,7 +359,9 @@ class ProfileResult(PhaseResult):
     profiled_ms: float | None = Field(None, description="the kernels' summed durations under the profiler")
     warnings: list[str] = Field([], description="what makes the profile less trustworthy, e.g. times that disagree")
     tool_seconds: float | None = Field(None, description="the profiler's run, its start and the forwards included")
-    tool_log: str = Field("", description="the profiler's own lines (not its table), capped: what it said went wrong")
+    tool_log: str = Field(
+        "", description="the profiler's output as it wrote it (its lines, then its CSV table), the last 64 KiB"
+    )
 
 
 PhaseResultAny = Annotated[CompileResult | TestResult | BenchmarkResult | ProfileResult, Field(discriminator="kind")]

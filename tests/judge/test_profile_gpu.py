@@ -4,12 +4,15 @@ visible). `-s` prints each profile's summary.
 The kernels are causal_conv1d's seed kernel (FP32 FMAs, one output element a thread) and its TF32 templates
 (mma.sync and Hopper's wgmma): every metric of the profile must be read for each of their kernels, the FP32
 FLOPs of the seed must be the convolution's own count (worked out here from the shape), and the tensor-core
-templates must show tensor-core work of the same order.
+templates must show tensor-core work of the same order. With KERNELLOOP_UPDATE_NCU_OUTPUT=1 each profile's ncu
+output is written to `ncu_output/` (the CPU tests parse those files).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +27,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU is visible: the gpu tests run on the H200", allow_module_level=True)
 
+NCU_OUTPUT = Path(__file__).parent / "ncu_output"
 SEED = (REPO / "reference_problems/causal_conv1d/example_cuda.py").read_text()
 CALL_LIMIT_S = 30.0
 """a profile of a built kernel, worker start included (the build is a compile of its own, made first)"""
@@ -70,6 +74,9 @@ def _every_metric(kernel: KernelProfile) -> None:
 def test_a_profile_reads_every_metric_of_every_kernel_in_the_time_limit(workspace, kernel: str) -> None:
     code = SEED if kernel == "seed" else _template(kernel)
     result, seconds = _profile(workspace, code)
+    if os.environ.get("KERNELLOOP_UPDATE_NCU_OUTPUT") == "1":
+        NCU_OUTPUT.mkdir(exist_ok=True)
+        (NCU_OUTPUT / f"{kernel}.txt").write_text(result.tool_log)
 
     assert seconds < CALL_LIMIT_S, result.step_seconds
     first_shape = load_problem(PROBLEM).benchmark_shapes("cuda")[0].name

@@ -53,7 +53,8 @@ PROFILED_CALL_S = 300.0
 """the deadline of the forward under ncu, which replays every kernel once per pass of its metrics"""
 TOOL_EXIT_S = 120.0
 """how long ncu may take to write its table after the runner ends"""
-TOOL_LOG_CHARS = 4000
+TOOL_LOG_CHARS = 64 << 10
+"""ncu's output kept in the result, its end (the table comes last)"""
 
 
 def profile_phase(job: WorkerJob, link: RunnerLink, report: Report) -> ProfileResult:
@@ -91,7 +92,7 @@ def profile_phase(job: WorkerJob, link: RunnerLink, report: Report) -> ProfileRe
         tool_run, failure = _profiled_forward(job, shape, inputs, outputs, model_seed, reference, ncu)
     result.tool_seconds = tool_run.seconds
     if failure is not None and ncu_report.NO_COUNTERS not in tool_run.output:
-        result.tool_log = "\n".join(ncu_report.split_output(tool_run.output).log)[-TOOL_LOG_CHARS:]
+        result.tool_log = tool_run.output[-TOOL_LOG_CHARS:]
         return _failed(result, failure.status, failure.message)
     return read_profile(result, tool_run)
 
@@ -192,7 +193,7 @@ def _profiled_forward(
 def read_profile(result: ProfileResult, tool_run: ToolRun) -> ProfileResult:
     """ncu's table as kernels on the roofline, the summary, and the warnings; ncu's own failures as the status."""
     table = ncu_report.split_output(tool_run.output)
-    result.tool_log = "\n".join(table.log)[-TOOL_LOG_CHARS:]
+    result.tool_log = tool_run.output[-TOOL_LOG_CHARS:]
     if ncu_report.NO_COUNTERS in tool_run.output:
         return _failed(result, Status.sandbox_error, ncu_report.COUNTERS_REMEDY)
     if tool_run.timed_out or (tool_run.returncode != 0 and not table.rows):
