@@ -1,8 +1,9 @@
 """Nsight Compute's raw CSV read into kernels, placed on the H200's roofline, summarized, and ncu's failures said.
 
-No GPU: the tables are ncu's own output captured on the H200 (`ncu_output/`), and tables written here in ncu's
-layout (column names, a units row, a row per kernel, thousands separators, "n/a") with random values whose
-expected readings the tests compute by hand. Expected roofline figures use the H200's datasheet numbers written
+No GPU: the tables are ncu's own output captured on the H200 (`ncu_output/`, where kept), the layout sample
+(`ncu_layout_sample.txt`, see `profile_fixtures`), and tables written here in ncu's layout (column names, a
+units row, a row per kernel, thousands separators, "n/a") with random values whose expected readings the tests
+compute by hand. Expected roofline figures use the H200's datasheet numbers written
 out here, not the product's table.
 """
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 import csv
 import io
 import random
+from pathlib import Path
 
 import pytest
+from profile_fixtures import LAYOUT_SAMPLE, captured_outputs
 
 from kernelloop.tools.datasheet import datasheet_peaks
 from kernelloop.tools.judge import ncu_report, profile_summary, profiling
@@ -209,3 +212,42 @@ def test_a_profile_far_from_the_judges_own_time_carries_a_warning() -> None:
     assert far.status == Status.passed and len(far.warnings) == 1 and "more than 3x apart" in far.warnings[0]
     hidden = profiling.read_profile(_result(total / 3.5), _tool_run(output))
     assert len(hidden.warnings) == 1 and "3x" in hidden.warnings[0]
+
+
+@pytest.mark.parametrize("source", [*captured_outputs(), LAYOUT_SAMPLE], ids=lambda p: p.stem)
+def test_a_whole_ncu_output_gives_every_metric_of_every_kernel(source: Path) -> None:
+    """ncu's own output captured on the H200 over the profile's metric list, and the layout sample (the
+    documented raw page with that list): every metric of every kernel is read, and the summary leads with the
+    longest kernel."""
+    table = ncu_report.split_output(source.read_text())
+    peaks = datasheet_peaks("NVIDIA H200")
+    kernels = [profile_summary.place_on_roofline(k, peaks) for k in ncu_report.kernel_profiles(table)]
+    assert kernels, table.log
+    for k in kernels:
+        for field in (
+            "duration_us", "grid", "block", "registers_per_thread", "shared_memory_bytes", "achieved_occupancy_pct",
+            "theoretical_occupancy_pct", "occupancy_limiter", "dram_throughput_pct", "sm_throughput_pct",
+            "l2_hit_rate_pct", "dram_bytes", "fp32_flops", "ridge_point", "bound",
+        ):  # fmt: skip
+            assert getattr(k, field) is not None, (k.name, field)
+        assert k.top_stalls and k.duration_us > 0  # type: ignore[operator]
+    dominant = max(kernels, key=lambda k: k.duration_us or 0.0)
+    assert profile_summary.summarize(kernels, "captured").splitlines()[1].startswith(dominant.name[:20])
+
+
+def test_the_layout_sample_reads_as_the_seed_kernel_it_describes() -> None:
+    """The sample's numbers, worked out by hand: the seed kernel's 25,769,803,776 FFMAs are 2 FLOPs each over
+    403,701,760 DRAM bytes, an intensity of about 127.7 FLOP/byte, over FP32's ridge (67 / 4.8 = 13.96): compute-
+    bound, at 51.5 GFLOP / 8.912 ms = 5.78 TFLOP/s, 8.6% of 67 TFLOP/s."""
+    conv, fill = (
+        profile_summary.place_on_roofline(k, datasheet_peaks("H200"))
+        for k in ncu_report.kernel_profiles(ncu_report.split_output(LAYOUT_SAMPLE.read_text()))
+    )
+    assert conv.name == "causal_conv1d_kernel" and conv.grid == [256, 128, 16] and conv.block == [256, 1, 1]
+    assert conv.fp32_flops == 51_539_607_552 and conv.duration_us == pytest.approx(8912.384)
+    assert conv.arithmetic_intensity == pytest.approx(127.67, abs=0.01) and conv.bound == "compute"
+    assert conv.pct_of_bound_peak == pytest.approx(8.63, abs=0.01)
+    assert [s.reason for s in conv.top_stalls] == ["long_scoreboard", "lg_throttle", "math_pipe_throttle"]
+    assert conv.occupancy_limiter in ("registers", "warps")  # both allow 8 blocks of 256 threads
+    assert fill.bound == "memory" and fill.fp32_flops == 0 and fill.arithmetic_intensity == 0
+    assert fill.pct_of_bound_peak == pytest.approx(100 * 134_479_872 / 41.632e-6 / 4.8e12, rel=1e-6)
