@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 import pytest
-from profile_fixtures import LAYOUT_SAMPLE, captured_outputs
+from profile_fixtures import CAPTURES, LAYOUT_SAMPLE, captured_outputs
 
 from kernelloop.tools.datasheet import datasheet_peaks
 from kernelloop.tools.judge import ncu_report, profile_summary, profiling
@@ -251,3 +251,25 @@ def test_the_layout_sample_reads_as_the_seed_kernel_it_describes() -> None:
     assert conv.occupancy_limiter in ("registers", "warps")  # both allow 8 blocks of 256 threads
     assert fill.bound == "memory" and fill.fp32_flops == 0 and fill.arithmetic_intensity == 0
     assert fill.pct_of_bound_peak == pytest.approx(100 * 134_479_872 / 41.632e-6 / 4.8e12, rel=1e-6)
+
+
+CONV_FLOPS = 2 * 16 * 128 * 64 * 3 * 65536
+"""b16_c64_o128_k3_d1_l65536 by hand: batch x out channels x in channels x taps x length multiply-adds, 2 FLOPs each"""
+
+
+def _captured(name: str) -> KernelProfile:
+    (kernel,) = [
+        profile_summary.place_on_roofline(k, datasheet_peaks("H200"))
+        for k in ncu_report.kernel_profiles(ncu_report.split_output((CAPTURES / f"{name}.txt").read_text()))
+    ]
+    return kernel
+
+
+def test_the_h200_profiles_count_the_convolutions_flops_on_the_pipe_that_did_them() -> None:
+    """ncu's output for the seed kernel (FP32 FMAs) and the TF32 wgmma template, captured on the H200 by the GPU
+    test: each counts the convolution's own FLOPs, the seed's on the FP32 pipe (over FP32's ridge: compute-bound),
+    the template's on the tensor cores (under TF32's ridge: memory-bound)."""
+    seed, wgmma = _captured("seed"), _captured("tf32_wgmma")
+    assert seed.fp32_flops == CONV_FLOPS and not seed.tensor_flops and seed.bound == "compute"
+    assert wgmma.tensor_flops == CONV_FLOPS and wgmma.bound == "memory"
+    assert seed.arithmetic_intensity == pytest.approx(CONV_FLOPS / seed.dram_bytes)  # type: ignore[operator]
