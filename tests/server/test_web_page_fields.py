@@ -106,3 +106,10 @@ def test_an_unknown_runs_live_json_is_a_404_that_says_so(pages: httpx.Client) ->
     assert answer.status_code == 404 and answer.headers["content-type"] == "application/json", answer.headers
     body = answer.json()
     assert body["error"] == "unknown_run" and "999999" in body["message"] and body["field"] == "path.run_id", body
+
+
+def test_every_status_a_verdict_can_have_has_its_colour_on_the_pages() -> None:
+    """A verdict's badge without a rule reads as plain text among coloured ones (memory_error had none)."""
+    stylesheet = (REPO / "server" / "web" / "static" / "kernelloop.css").read_text()
+    uncoloured = [status.value for status in Status if f".status-{status.value}" not in stylesheet]
+    assert not uncoloured, uncoloured
