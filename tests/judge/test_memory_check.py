@@ -17,7 +17,7 @@ from conftest import CPU_EXAMPLE, PROBLEM, REPO
 from kernelloop.tools import api
 from kernelloop.tools.build import toolchain
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.judge.memory_check import ERROR_EXIT_CODE, locate, tool_verdict, tools_for
+from kernelloop.tools.judge.memory_check import ERROR_EXIT_CODE, locate, too_large, tool_verdict, tools_for
 from kernelloop.tools.judge.runner_link import ToolRun
 from kernelloop.tools.judge.sanitizer_report import parse
 from kernelloop.tools.results import MemoryFinding, MemoryTool, Status
@@ -195,3 +195,15 @@ def test_no_memory_check_on_the_command_line_turns_it_off(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert result["memory_check"]["skipped"].startswith("turned off")
+
+
+def test_a_shape_of_gigabytes_is_not_run_under_the_tools_and_the_result_says_why():
+    """KernelBench's level 1 has problems whose one shape holds 8 GiB: staged through host memory and watched access
+    by access, its forward would outlast the tool's time limit and fail an honest kernel as a timeout."""
+    from kernelloop.tools.problems import ShapeSpec
+
+    small = ShapeSpec(name="small", init_inputs=[], input_shapes=[[4, 1024]], input_bytes=16_384, output_bytes=16_384)
+    large = small.model_copy(update={"name": "default", "input_bytes": 6 << 30, "output_bytes": 2 << 30})
+    assert too_large(small) is None
+    reason = too_large(large)
+    assert reason is not None and "default" in reason and "8.0 GiB" in reason and "smaller correctness shape" in reason

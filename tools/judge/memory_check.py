@@ -82,6 +82,8 @@ from kernelloop.tools.runner.messages import Call
 ERROR_EXIT_CODE = 86
 """the tool's exit code when it found an error (`--error-exitcode`): not one Python or a signal gives"""
 PRINT_LIMIT = 20
+MAX_CHECKED_BYTES = 2 << 30
+"""the most a shape's inputs and outputs may hold for its forward to run under the tools"""
 TOOL_LIMIT_S = 240.0
 """one tool's run: a fresh interpreter and torch under the tool, the cached build imported, one forward"""
 FINISH_S = 30.0
@@ -116,6 +118,9 @@ def memory_check(session: Session, result: TestResult) -> None:
     step = session.step
     shapes = selected(step.problem.correctness_shapes(step.backend), step.options.shapes)
     shape = min(shapes, key=lambda s: s.check_bytes() or 0)
+    check.skipped = too_large(shape)
+    if check.skipped is not None:
+        return
     check.shape, check.seed = shape.name, session.seeds.draw()
     passed_message = result.message
     for tool in tools_for(step.code):
@@ -128,6 +133,20 @@ def memory_check(session: Session, result: TestResult) -> None:
             return
     tools = ", ".join(run.tool for run in check.tools)
     result.message = f"{passed_message}; no memory errors under compute-sanitizer ({tools}, shape {shape.name})"
+
+
+def too_large(shape: ShapeSpec) -> str | None:
+    """Why the smallest correctness shape is not checked, if it holds more than the tools are given: its inputs are
+    staged through host memory, and every access of every kernel is watched (a KernelBench problem's one shape may
+    hold gigabytes)."""
+    held = (shape.input_bytes or 0) + (shape.output_bytes or 0)
+    if held <= MAX_CHECKED_BYTES:
+        return None
+    return (
+        f"the smallest correctness shape, {shape.name}, holds {held / 2**30:.1f} GiB of inputs and outputs, over the "
+        f"{MAX_CHECKED_BYTES / 2**30:.0f} GiB the memory check runs on; give the problem a smaller correctness shape "
+        "(SHAPES) to have its kernels checked"
+    )
 
 
 def skip_reason(session: Session, sanitizer: str | None) -> str | None:
