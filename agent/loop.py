@@ -29,6 +29,7 @@ from kernelloop.agent.models import (
     ProposerDone,
     RunSummary,
     ShapeWinner,
+    job_options,
     outcome_fields,
 )
 from kernelloop.agent.progress import Progress
@@ -207,7 +208,7 @@ class RunLoop:
             problem=self.config.problem,
             code=proposal.code,
             backend=self.config.backend,
-            options=proposal.options,
+            options=job_options(proposal.options, self.config),
             rationale=proposal.rationale or None,
             run_id=self.run_id,
             parent_attempt_id=parent,

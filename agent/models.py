@@ -57,6 +57,9 @@ class AgentRunConfig(BaseModel):
     llm: LlmConfig | None = None
     transcript: str | None = Field(None, description="replay: the recorded transcript's path")
     search_time_budget_s: float = Field(0.5, gt=0, le=60, description="search: benchmark seconds per shape, first rung")
+    memory_check: bool = Field(
+        True, description="a test on cuda ends with the forward under compute-sanitizer; false skips it in every job"
+    )
     max_tool_errors: int = Field(
         3, ge=1, description="llm: replies in a row without a usable tool call before a trajectory ends"
     )
@@ -79,6 +82,13 @@ class AgentRunConfig(BaseModel):
         if self.backend is None:
             raise ValueError("the run's backend is not settled: the runner sets it before any proposer starts")
         return self.backend
+
+
+def job_options(proposed: EvalOptions | None, config: AgentRunConfig) -> EvalOptions | None:
+    """A proposal's options as the run sends them: the run's own settings win over what a proposer (a model) asked."""
+    if config.memory_check:
+        return proposed
+    return (proposed or EvalOptions()).model_copy(update={"memory_check": False})
 
 
 class Proposal(BaseModel):

@@ -53,6 +53,7 @@ def _config(args: argparse.Namespace, settings: AgentSettings) -> AgentRunConfig
             llm=llm,
             transcript=str(Path(args.transcript).resolve()) if args.transcript else None,
             search_time_budget_s=args.search_time_budget,
+            memory_check=not args.no_memory_check,
             output=str(Path(args.output).resolve()) if args.output else None,
         )
     except ValueError as exc:
@@ -212,6 +213,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=0.5,
         help="search: benchmark seconds per shape in its first rung (doubled per rung)",
+    )
+    run.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="on cuda, skip the forward under compute-sanitizer that ends each test (faster steps, no memory_error)",
     )
     run.add_argument("--output", help="where to write the best kernel (default: the run's folder in the data folder)")
     _common(run)

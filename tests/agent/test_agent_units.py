@@ -508,3 +508,23 @@ def test_statuses_are_the_status_enum_and_a_stored_search_reads_back() -> None:
     outcome = Outcome(step=1, trajectory=0, tool="evaluate", status=Status.passed)
     assert outcome.passed and outcome.model_dump(mode="json")["status"] == "passed"
     assert status_text(Status.timeout) == "timeout" and status_text("service_error") == "service_error"
+
+
+def test_a_run_without_the_memory_check_sends_every_job_without_it_whatever_the_proposer_asked():
+    """`kernelloop agent run --no-memory-check`: the run's setting reaches every job's options, a model's own
+    options included; without the flag a proposal's options go out as they came."""
+    from kernelloop.agent.models import job_options
+    from kernelloop.cli import build_parser
+    from kernelloop.cli.agent import _config
+    from kernelloop.tools.jobs import EvalOptions
+
+    parser = build_parser()
+    argv = ["agent", "run", "--problem", "causal_conv1d", "--proposer", "search"]
+    plain = _config(parser.parse_args(argv), AgentSettings())
+    without = _config(parser.parse_args([*argv, "--no-memory-check"]), AgentSettings())
+    assert isinstance(plain, AgentRunConfig) and isinstance(without, AgentRunConfig)
+    asked = EvalOptions(seeds=4, time_budget_s=1.5)
+    assert plain.memory_check and job_options(asked, plain) is asked and job_options(None, plain) is None
+    sent = job_options(asked, without)
+    assert sent is not None and not sent.memory_check and (sent.seeds, sent.time_budget_s) == (4, 1.5)
+    assert job_options(None, without) == EvalOptions(memory_check=False)
