@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from kernelloop.agent.templates import Params
 from kernelloop.contract import JobPublic, JobStatus
-from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.jobs import EvalOptions, Precision
 from kernelloop.tools.phase_registry import ToolName
 from kernelloop.tools.results import Backend, PhaseResultAny, Status
 
@@ -60,6 +60,11 @@ class AgentRunConfig(BaseModel):
     memory_check: bool = Field(
         True, description="a test on cuda ends with the forward under compute-sanitizer; false skips it in every job"
     )
+    precision: Precision | None = Field(
+        None,
+        description="KernelBench's precision option for every job: inputs and both models cast to it; None: the "
+        "problem's own dtype",
+    )
     max_tool_errors: int = Field(
         3, ge=1, description="llm: replies in a row without a usable tool call before a trajectory ends"
     )
@@ -85,10 +90,16 @@ class AgentRunConfig(BaseModel):
 
 
 def job_options(proposed: EvalOptions | None, config: AgentRunConfig) -> EvalOptions | None:
-    """A proposal's options as the run sends them: the run's own settings win over what a proposer (a model) asked."""
-    if config.memory_check:
+    """A proposal's options as the run sends them: the run's own settings (the memory check, the precision) win
+    over what a proposer (a model) asked; with neither set, the proposal's options go out as they came."""
+    overrides: dict[str, Any] = {}
+    if not config.memory_check:
+        overrides["memory_check"] = False
+    if config.precision is not None:
+        overrides["precision"] = config.precision
+    if not overrides:
         return proposed
-    return (proposed or EvalOptions()).model_copy(update={"memory_check": False})
+    return (proposed or EvalOptions()).model_copy(update=overrides)
 
 
 class Proposal(BaseModel):

@@ -7,7 +7,8 @@ import platform
 
 from kernelloop.contract import DevicesReport, ProblemDetail
 from kernelloop.tools.datasheet import datasheet_peaks
-from kernelloop.tools.problems import describe_policy
+from kernelloop.tools.jobs import Precision
+from kernelloop.tools.problems import PRECISIONS, describe_policy, policy_in_dtype
 from kernelloop.tools.results import Backend
 
 # Streaming multiprocessors per GPU model (vendor figures); the service reports names only.
@@ -77,7 +78,7 @@ FAST_BUILDS = {
 }
 
 
-def system_prompt(problem: ProblemDetail, backend: Backend, device: str) -> str:
+def system_prompt(problem: ProblemDetail, backend: Backend, device: str, precision: Precision | None = None) -> str:
     shapes_for_backend = [s for s in problem.shapes if backend in s.backends]
     bench = [s for s in shapes_for_backend if s.benchmark]
     correct = [s for s in shapes_for_backend if s.correctness]
@@ -87,6 +88,8 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str) -> str:
 
     forbidden = ", ".join(problem.forbidden_ops) or "none listed"
     tolerance = problem.tolerance
+    if precision is not None:
+        tolerance = policy_in_dtype(tolerance.name, PRECISIONS[precision])
     return "\n".join(
         [
             f"You write fast, correct kernels for the problem `{problem.name}` on the {backend} backend, and improve "
@@ -116,6 +119,7 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str) -> str:
             f"- The reference's own operator may not do the work: these operators are refused: {forbidden}.",
             "- Do not modify the inputs; do not cache outputs; return a new tensor of the reference's shape, dtype "
             "and device.",
+            *([_precision_rule(PRECISIONS[precision])] if precision is not None else []),
             f"- Results are judged under {describe_policy(tolerance)}.",
             "- Only measured results count: the best kernel is the fastest one that passed run_tests and a benchmark.",
             "",
@@ -133,6 +137,14 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str) -> str:
             "change makes things worse the loop returns to the best kernel so far. Always answer with a tool call.",
             *([PROFILE_ADVICE] if backend == "cuda" else []),
         ]
+    )
+
+
+def _precision_rule(dtype: str) -> str:
+    return (
+        f"- Every job runs in {dtype} (KernelBench's precision option): the inputs and both models' parameters are "
+        f"cast to {dtype} before forward, so ModelNew receives {dtype} tensors and returns {dtype}; accumulate in "
+        f"float32. The reference is timed in {dtype} too."
     )
 
 

@@ -128,7 +128,7 @@ async def build_proposer(
         config,
         make_chat_client(config.llm, settings),
         problem,
-        system_prompt(problem, config.backend, device),
+        system_prompt(problem, config.backend, device, config.precision),
         tools,
         transcript_dir=transcripts,
         state=state,
@@ -182,7 +182,9 @@ async def start_run(
     for error in getattr(proposer, "template_errors", []):
         progress.note(error)
     progress.note(
-        f"run {run.id}: {config.problem} on {backend}, proposer {proposer.name}, "
+        f"run {run.id}: {config.problem} on {backend}"
+        + (f" in {config.precision}" if config.precision else "")
+        + f", proposer {proposer.name}, "
         + _budget_text(config)
         + f", service {client.base_url}"
     )

@@ -15,6 +15,9 @@ from kernelloop.tools.phase_registry import Phase
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import Backend, PhaseResultAny
 
+Precision = Literal["fp32", "fp16", "bf16"]
+"""KernelBench's precision option (`kernelloop.tools.problems.PRECISIONS` maps each to its dtype)"""
+
 
 class EvalOptions(BaseModel):
     """Knobs a caller may turn; the defaults are what an honest verdict needs."""
@@ -31,7 +34,7 @@ class EvalOptions(BaseModel):
         "(KernelBench's own check: allclose against the reference, models in training mode); default: the "
         "problem's own (kernelbench for a KernelBench file without our metadata)",
     )
-    precision: Literal["fp32", "fp16", "bf16"] | None = Field(
+    precision: Precision | None = Field(
         None,
         description="KernelBench's precision option: the inputs and both models cast to it, the tolerance fitted to "
         "it; default: the problem's own dtype, nothing cast",

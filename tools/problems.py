@@ -121,8 +121,12 @@ def job_dtype(problem: ProblemSpec, precision: str | None) -> str:
 
 def verdict_policy(problem: ProblemSpec, choice: str | None, precision: str | None = None) -> TolerancePolicy:
     """The policy a job is judged under: the one asked for, else the problem's own, fitted to the job's dtype."""
-    dtype = job_dtype(problem, precision)
     name = problem.tolerance.name if choice is None else ("fp32" if choice == "strict" else choice)
+    return policy_in_dtype(name, job_dtype(problem, precision))
+
+
+def policy_in_dtype(name: str, dtype: str) -> TolerancePolicy:
+    """The policy called `name` (fp32, tf32 or kernelbench) for a job computed in `dtype`."""
     return kernelbench_policy(dtype) if name == "kernelbench" else truth_policy(name, dtype)
 
 

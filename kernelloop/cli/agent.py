@@ -23,6 +23,7 @@ from kernelloop.agent.runner import RunRefused, resume_run, start_run
 from kernelloop.agent.service_client import ServiceClient
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
+from kernelloop.tools.problems import PRECISIONS
 
 DEFAULT_ITERATIONS = 10
 
@@ -54,6 +55,7 @@ def _config(args: argparse.Namespace, settings: AgentSettings) -> AgentRunConfig
             transcript=str(Path(args.transcript).resolve()) if args.transcript else None,
             search_time_budget_s=args.search_time_budget,
             memory_check=not args.no_memory_check,
+            precision=args.precision,
             output=str(Path(args.output).resolve()) if args.output else None,
         )
     except ValueError as exc:
@@ -218,6 +220,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         "--no-memory-check",
         action="store_true",
         help="on cuda, skip the forward under compute-sanitizer that ends each test (faster steps, no memory_error)",
+    )
+    run.add_argument(
+        "--precision",
+        choices=sorted(PRECISIONS),
+        help="KernelBench's precision option for every job: the inputs and both models cast to it, the reference "
+        "timed in it too (default: the problem's dtype)",
     )
     run.add_argument("--output", help="where to write the best kernel (default: the run's folder in the data folder)")
     _common(run)

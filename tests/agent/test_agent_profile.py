@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from problem_details import problem_detail
 from profile_fixtures import PROFILED_PROBLEM, captured_profile
 from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 
@@ -21,7 +22,6 @@ from kernelloop.agent.prompt import system_prompt
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.proposers.llm import LlmProposer
 from kernelloop.agent.settings import AgentSettings
-from kernelloop.contract import ProblemDetail
 from kernelloop.server.tool_schemas import tool_definitions
 from kernelloop.tools.judge.profiling import read_profile
 from kernelloop.tools.judge.runner_link import ToolRun
@@ -29,24 +29,6 @@ from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import ProfileResult, Status
 
 CODE = (Path(__file__).resolve().parents[2] / "reference_problems/causal_conv1d/example_cuda.py").read_text()
-
-
-def _problem() -> ProblemDetail:
-    spec = load_problem(PROFILED_PROBLEM)
-    return ProblemDetail(
-        name=spec.name,
-        origin="shipped",
-        dtype=spec.dtype,
-        tolerance=spec.tolerance,
-        correctness_shapes=sum(s.correctness for s in spec.shapes),
-        benchmark_shapes=sum(s.benchmark for s in spec.shapes),
-        sha256="0" * 64,
-        created_at="2026-01-01T00:00:00Z",
-        source=Path(spec.path).read_text(),
-        forbidden_ops=spec.forbidden_ops,
-        has_metadata=spec.has_metadata,
-        shapes=spec.shapes,
-    )
 
 
 def _call(tool: str, **arguments: object) -> ScriptedReply:
@@ -64,7 +46,7 @@ def _two_turns(
     )  # fmt: skip
     assert config.llm is not None
     tools = [ToolDefinition(**t["function"]) for t in tool_definitions()]  # GET /v1/tools, as the runner reads it
-    problem = _problem()
+    problem = problem_detail(PROFILED_PROBLEM)
     proposer = LlmProposer(
         config,
         make_chat_client(config.llm, AgentSettings(data_dir=data_dir)),

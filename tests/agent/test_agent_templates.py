@@ -1,6 +1,7 @@
 """The templates the search ships for the second problem (mamba_causal_conv1d) pass run_tests: on the CPU
-here (the naive baseline, and the vectorized one with its riskiest option, vector expf from libmvec), and
-each CUDA template at its defaults on the GPU (marked gpu)."""
+here (the naive baseline, and the vectorized one with its riskiest option, vector expf from libmvec, in float32
+and under KernelBench's half precisions), each CUDA template builds here for every element type, and passes at
+its defaults and widest vectors in float32, float16 and bfloat16 on the GPU (marked gpu)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from kernelloop.agent.templates import discover_templates
 from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.results import Status
 from kernelloop.tools.settings import SandboxSettings
 
@@ -33,8 +35,35 @@ def test_mamba_cpu_templates_pass_every_correctness_shape(session_root: Path) ->
         assert result.tolerance is not None and result.tolerance.name == "fp32"
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mamba_cpu_templates_pass_in_the_half_precisions(session_root: Path, precision: str) -> None:
+    """KernelBench's precision option casts the inputs and both models: the template gets half tensors, must
+    hand back the same dtype, and is judged against the float64 truth with that precision's tolerance."""
+    template = next(t for t in discover_templates(PROBLEM, "cpu") if t.name == "cpu_vectorized")
+    result = api.run_tests(
+        PROBLEM,
+        template.render(template.default_params),
+        "cpu",
+        EvalOptions(precision=precision),
+        settings=_settings(session_root),
+    )
+    assert result.status == Status.passed, (precision, result.message)
+    assert result.tolerance is not None and result.tolerance.max_rel_error > 1e-3  # the half precision's, not fp32's
+    assert max(c.max_rel_error for c in result.checks) > 1e-5  # really computed on rounded inputs
+
+
+def test_mamba_cuda_templates_build_for_every_element_type(session_root: Path) -> None:
+    """Built here (no GPU): float32, float16 and bfloat16 kernels are instantiated in the same build."""
+    for template in discover_templates(PROBLEM, "cuda"):
+        points = [template.default_params, *[p for p in template.all_params() if p.get("VEC") == 16][:1]]
+        for params in points:
+            result = api.compile_kernel(PROBLEM, template.render(params), "cuda", settings=_settings(session_root))
+            assert result.status == Status.passed, (template.name, params, result.message, result.log[-3000:])
+
+
 @pytest.mark.gpu
-def test_mamba_cuda_templates_pass_every_correctness_shape(session_root: Path) -> None:
+@pytest.mark.parametrize("precision", [None, "bf16", "fp16"])
+def test_mamba_cuda_templates_pass_every_correctness_shape(session_root: Path, precision: str | None) -> None:
     import torch
 
     if not torch.cuda.is_available():
@@ -42,7 +71,9 @@ def test_mamba_cuda_templates_pass_every_correctness_shape(session_root: Path) -
     templates = discover_templates(PROBLEM, "cuda")
     assert {t.name for t in templates} >= {"cuda_naive", "cuda_vectorized"}
     for template in templates:
-        points = [template.default_params] + [p for p in template.all_params() if p.get("VEC") in (1, 8)][:2]
+        widths = {p["VEC"]: p for p in template.all_params() if p.get("VEC") in (1, 8, 16)}  # one point per width
+        points = [template.default_params, *widths.values()]
         for params in points:
-            result = api.run_tests(PROBLEM, template.render(params), "cuda", settings=_settings(session_root))
-            assert result.status == Status.passed, (template.name, params, result.message)
+            options = EvalOptions(precision=precision)
+            result = api.run_tests(PROBLEM, template.render(params), "cuda", options, settings=_settings(session_root))
+            assert result.status == Status.passed, (template.name, params, precision, result.message)

@@ -528,3 +528,38 @@ def test_a_run_without_the_memory_check_sends_every_job_without_it_whatever_the_
     sent = job_options(asked, without)
     assert sent is not None and not sent.memory_check and (sent.seeds, sent.time_budget_s) == (4, 1.5)
     assert job_options(None, without) == EvalOptions(memory_check=False)
+
+
+def test_a_run_in_a_half_precision_sends_it_with_every_job_and_tells_the_model():
+    """`kernelloop agent run --precision bf16`: every job is cast to bf16 whatever the proposal's options said,
+    the model is told its tensors are bfloat16 and judged with bf16's tolerance, and the run's stored config keeps
+    the precision for a resume."""
+    from problem_details import problem_detail
+
+    from kernelloop.agent.models import job_options
+    from kernelloop.agent.prompt import system_prompt
+    from kernelloop.cli import build_parser
+    from kernelloop.cli.agent import _config
+    from kernelloop.tools.jobs import EvalOptions
+
+    parser = build_parser()
+    argv = ["agent", "run", "--problem", "mamba_causal_conv1d", "--proposer", "search"]
+    plain = _config(parser.parse_args(argv), AgentSettings())
+    bf16 = _config(parser.parse_args([*argv, "--precision", "bf16"]), AgentSettings())
+    assert isinstance(plain, AgentRunConfig) and isinstance(bf16, AgentRunConfig)
+    assert plain.precision is None and job_options(None, plain) is None
+
+    sent = job_options(EvalOptions(seeds=4, precision="fp16"), bf16)
+    assert sent is not None and (sent.precision, sent.seeds, sent.memory_check) == ("bf16", 4, True)
+    assert job_options(None, bf16) == EvalOptions(precision="bf16")
+    assert AgentRunConfig.model_validate(bf16.model_dump(mode="json")).precision == "bf16"
+
+    problem = problem_detail("mamba_causal_conv1d")
+    fp32_prompt = system_prompt(problem, "cuda", "NVIDIA H200", plain.precision)
+    bf16_prompt = system_prompt(problem, "cuda", "NVIDIA H200", bf16.precision)
+    assert "bfloat16" not in fp32_prompt and "error <= 1e-05 x max|float64 truth|" in fp32_prompt
+    assert "ModelNew receives bfloat16 tensors and returns bfloat16" in bf16_prompt
+    assert "error <= 0.05 x max|float64 truth|" in bf16_prompt
+
+    with pytest.raises(SystemExit):
+        parser.parse_args([*argv, "--precision", "fp8"])

@@ -144,15 +144,19 @@ class ModelNew(nn.Module):
         self.bias = nn.Parameter(torch.zeros(channels)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 3:
-            raise ValueError(f"expected a float32 (B, D, L) CPU tensor, got {x.dtype} {tuple(x.shape)} on {x.device}")
-        x = x.contiguous()
-        w = self.weight.detach().contiguous()
-        b = self.bias.detach().contiguous() if self.bias is not None else None
-        batch, channels, length = x.shape
-        y = torch.empty_like(x)
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or x.device.type != "cpu" or x.dim() != 3:
+            raise ValueError(
+                f"expected a float32, float16 or bfloat16 (B, D, L) CPU tensor, got {x.dtype} {tuple(x.shape)} "
+                f"on {x.device}"
+            )
+        # the half precisions (KernelBench's precision option) are computed in float32 and rounded once at the end
+        x32 = x.contiguous().float()
+        w = self.weight.detach().float().contiguous()
+        b = self.bias.detach().float().contiguous() if self.bias is not None else None
+        batch, channels, length = x32.shape
+        y = torch.empty_like(x32)
         _ext.depthwise_causal_conv1d(
-            x.data_ptr(),
+            x32.data_ptr(),
             w.data_ptr(),
             b.data_ptr() if b is not None else 0,
             y.data_ptr(),
@@ -162,4 +166,4 @@ class ModelNew(nn.Module):
             length,
             self.silu,
         )
-        return y
+        return y if x.dtype == torch.float32 else y.to(x.dtype)

@@ -1,13 +1,20 @@
 """Mamba's depthwise causal conv1d on the GPU: VEC outputs per thread, taps in registers, fused bias + SiLU.
 
-Each thread loads the window x[t0-(K-1) .. t0+VEC-1] of its row once (float4 loads where the row is
-16-byte aligned, predicated scalars for the causal halo and the tail), keeps the K taps of its channel in
-registers (K = 2, 3, 4 are compile-time instantiations, others up to 8 run generic), and writes VEC
-outputs (float4 stores where aligned). The grid is (time chunks, rows), so a block never straddles two
-channels. FAST_EXP uses __expf for the SiLU (within 2 ulp; the strict tolerance is 1e-5 of max|truth|).
+Each thread loads the window x[t0-(K-1) .. t0+VEC-1] of its row once (16-byte loads where the row is aligned,
+predicated scalars for the causal halo and the tail), keeps the K taps of its channel in registers (K = 2, 3, 4
+are compile-time instantiations, others up to 8 run generic), and writes VEC outputs (16-byte stores where
+aligned). The grid is (time chunks, rows), so a block never straddles two channels; more rows than a grid's
+y-dimension holds go out in slabs. FAST_EXP uses __expf for the SiLU (within 2 ulp; the strict tolerance is
+1e-5 of max|truth|).
 
-Builds fast: the .cu part includes only <cuda_runtime.h>, the binding is plain pybind11 (no torch
-headers, no_implicit_headers=True). PARAMS is rewritten textually by a search; PARAM_SPACE lists the choices.
+float32, float16 and bfloat16 inputs (KernelBench's precision option casts the inputs and the weights): the
+kernel is a template over the element type, converts each element to float32 as it is loaded, accumulates and
+applies the SiLU in float32, and rounds once on the store. A 16-byte load holds 4 floats or 8 halves, so VEC
+8 and 16 are the widths that fill it for the half types.
+
+Builds fast: the .cu part includes only the CUDA runtime and its half-type headers, the binding is plain
+pybind11 (no torch headers, no_implicit_headers=True). PARAMS is rewritten textually by a search; PARAM_SPACE
+lists the choices.
 """
 import math
 
@@ -17,17 +24,41 @@ from torch.utils.cpp_extension import load_inline
 
 PARAMS = {"VEC": 4, "THREADS": 256, "FAST_EXP": 1}
 PARAM_SPACE = {
-    "VEC": [1, 2, 4, 8],  # outputs per thread
+    "VEC": [1, 2, 4, 8, 16],  # outputs per thread
     "THREADS": [64, 128, 256, 512],  # threads per block
     "FAST_EXP": [0, 1],  # __expf instead of expf in the SiLU
 }
 
 CUDA_SRC = r"""
 #include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
 #include <stdint.h>
 
 #define VEC KL_VEC
 #define KMAX 8
+#define MAX_GRID_Y 65535
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+// N elements of T moved as one access of N * sizeof(T) bytes (at most 16).
+template <int BYTES> struct Word;
+template <> struct Word<16> { using type = uint4; };
+template <> struct Word<8> { using type = uint2; };
+template <> struct Word<4> { using type = unsigned int; };
+template <> struct Word<2> { using type = unsigned short; };
+template <typename T, int N> union Pack {
+    typename Word<N * sizeof(T)>::type word;
+    T elem[N];
+};
 
 __device__ __forceinline__ float kl_silu(float a) {
 #if KL_FAST_EXP
@@ -37,75 +68,98 @@ __device__ __forceinline__ float kl_silu(float a) {
 #endif
 }
 
-template <int KC>
-__global__ void __launch_bounds__(KL_THREADS) dwconv_vec(const float* __restrict__ x, const float* __restrict__ w,
-                                                         const float* __restrict__ bias, float* __restrict__ y,
-                                                         int D, int K_runtime, int L, int silu) {
+template <typename T, int KC>
+__global__ void __launch_bounds__(KL_THREADS) dwconv_vec(const T* __restrict__ x, const T* __restrict__ w,
+                                                         const T* __restrict__ bias, T* __restrict__ y,
+                                                         long long row0, int D, int K_runtime, int L, int silu) {
+    constexpr int KM = KC > 0 ? KC : KMAX;
+    constexpr int CHUNK = VEC * sizeof(T) < 16 ? VEC : 16 / sizeof(T);  // elements per wide access
+    using P = Pack<T, CHUNK>;
     const int K = KC > 0 ? KC : K_runtime;
-    const long long row = blockIdx.y;
+    const long long row = row0 + blockIdx.y;
     const int d = (int)(row % D);
     const int t0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (t0 >= L) return;
-    const float* xr = x + row * L;
-    float* yr = y + row * L;
-    float wk[KC > 0 ? KC : KMAX];
+    const T* xr = x + row * L;
+    T* yr = y + row * L;
+    float wk[KM];
 #pragma unroll
-    for (int k = 0; k < (KC > 0 ? KC : KMAX); ++k) wk[k] = k < K ? __ldg(w + d * K + k) : 0.0f;
-    const float b0 = bias ? __ldg(bias + d) : 0.0f;
+    for (int k = 0; k < KM; ++k) wk[k] = k < K ? to_float(__ldg(w + d * K + k)) : 0.0f;
+    const float b0 = bias ? to_float(__ldg(bias + d)) : 0.0f;
 
-    float win[VEC + (KC > 0 ? KC : KMAX) - 1];
+    float win[VEC + KM - 1];
     const bool full = t0 + VEC <= L;
-    const bool aligned = (VEC % 4 == 0) && ((L & 3) == 0) && ((reinterpret_cast<uintptr_t>(xr) & 15) == 0) &&
-                         ((reinterpret_cast<uintptr_t>(yr) & 15) == 0);
+    const bool aligned = (L % CHUNK == 0) && ((reinterpret_cast<uintptr_t>(xr) % sizeof(P)) == 0) &&
+                         ((reinterpret_cast<uintptr_t>(yr) % sizeof(P)) == 0);
 #pragma unroll
-    for (int i = 0; i < (KC > 0 ? KC : KMAX) - 1; ++i) {  // the halo before t0 (causal padding where < 0)
+    for (int i = 0; i < KM - 1; ++i) {  // the halo before t0 (causal padding where < 0)
         const int pos = t0 - (K - 1) + i;
-        win[i] = (i < K - 1 && pos >= 0) ? __ldg(xr + pos) : 0.0f;
+        win[i] = (i < K - 1 && pos >= 0) ? to_float(__ldg(xr + pos)) : 0.0f;
     }
     if (full && aligned) {
 #pragma unroll
-        for (int j = 0; j < VEC; j += 4) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(xr + t0 + j));
-            win[K - 1 + j] = v.x; win[K - 1 + j + 1] = v.y; win[K - 1 + j + 2] = v.z; win[K - 1 + j + 3] = v.w;
+        for (int j = 0; j < VEC; j += CHUNK) {
+            P p;
+            p.word = __ldg(reinterpret_cast<const decltype(p.word)*>(xr + t0 + j));
+#pragma unroll
+            for (int e = 0; e < CHUNK; ++e) win[K - 1 + j + e] = to_float(p.elem[e]);
         }
     } else {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) win[K - 1 + j] = (t0 + j < L) ? __ldg(xr + t0 + j) : 0.0f;
+        for (int j = 0; j < VEC; ++j) win[K - 1 + j] = (t0 + j < L) ? to_float(__ldg(xr + t0 + j)) : 0.0f;
     }
     float out[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
         float acc = b0;
 #pragma unroll
-        for (int k = 0; k < (KC > 0 ? KC : KMAX); ++k)
+        for (int k = 0; k < KM; ++k)
             if (k < K) acc += wk[k] * win[j + k];
         out[j] = silu ? kl_silu(acc) : acc;
     }
     if (full && aligned) {
 #pragma unroll
-        for (int j = 0; j < VEC; j += 4)
-            *reinterpret_cast<float4*>(yr + t0 + j) = make_float4(out[j], out[j + 1], out[j + 2], out[j + 3]);
+        for (int j = 0; j < VEC; j += CHUNK) {
+            P p;
+#pragma unroll
+            for (int e = 0; e < CHUNK; ++e) p.elem[e] = from_float<T>(out[j + e]);
+            *reinterpret_cast<decltype(p.word)*>(yr + t0 + j) = p.word;
+        }
     } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
-            if (t0 + j < L) yr[t0 + j] = out[j];
+            if (t0 + j < L) yr[t0 + j] = from_float<T>(out[j]);
     }
 }
 
-int dwconv_vec_launch(long long x, long long w, long long bias, long long y, int B, int D, int K, int L, int silu,
-                      long long stream) {
-    if (K < 1 || K > KMAX) return -1;
-    if ((long long)B * D == 0 || L == 0) return 0;
+template <typename T>
+static int launch_typed(long long x, long long w, long long bias, long long y, long long rows, int D, int K, int L,
+                        int silu, cudaStream_t s) {
     const int per_block = KL_THREADS * VEC;
-    dim3 grid((L + per_block - 1) / per_block, (unsigned)((long long)B * D));
-    cudaStream_t s = (cudaStream_t)stream;
-    const float *xp = (const float*)x, *wp = (const float*)w, *bp = (const float*)bias;
-    float* yp = (float*)y;
-    if (K == 4) dwconv_vec<4><<<grid, KL_THREADS, 0, s>>>(xp, wp, bp, yp, D, K, L, silu);
-    else if (K == 3) dwconv_vec<3><<<grid, KL_THREADS, 0, s>>>(xp, wp, bp, yp, D, K, L, silu);
-    else if (K == 2) dwconv_vec<2><<<grid, KL_THREADS, 0, s>>>(xp, wp, bp, yp, D, K, L, silu);
-    else dwconv_vec<0><<<grid, KL_THREADS, 0, s>>>(xp, wp, bp, yp, D, K, L, silu);
+    const T *xp = (const T*)x, *wp = (const T*)w, *bp = (const T*)bias;
+    T* yp = (T*)y;
+    for (long long row0 = 0; row0 < rows; row0 += MAX_GRID_Y) {
+        const long long slab = rows - row0 < MAX_GRID_Y ? rows - row0 : MAX_GRID_Y;
+        dim3 grid((L + per_block - 1) / per_block, (unsigned)slab);
+        if (K == 4) dwconv_vec<T, 4><<<grid, KL_THREADS, 0, s>>>(xp, wp, bp, yp, row0, D, K, L, silu);
+        else if (K == 3) dwconv_vec<T, 3><<<grid, KL_THREADS, 0, s>>>(xp, wp, bp, yp, row0, D, K, L, silu);
+        else if (K == 2) dwconv_vec<T, 2><<<grid, KL_THREADS, 0, s>>>(xp, wp, bp, yp, row0, D, K, L, silu);
+        else dwconv_vec<T, 0><<<grid, KL_THREADS, 0, s>>>(xp, wp, bp, yp, row0, D, K, L, silu);
+    }
     return (int)cudaGetLastError();
+}
+
+// dtype: 0 float32, 1 float16, 2 bfloat16
+int dwconv_vec_launch(long long x, long long w, long long bias, long long y, int B, int D, int K, int L, int silu,
+                      int dtype, long long stream) {
+    if (K < 1 || K > KMAX) return -1;
+    const long long rows = (long long)B * D;
+    if (rows == 0 || L == 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (dtype == 0) return launch_typed<float>(x, w, bias, y, rows, D, K, L, silu, s);
+    if (dtype == 1) return launch_typed<__half>(x, w, bias, y, rows, D, K, L, silu, s);
+    if (dtype == 2) return launch_typed<__nv_bfloat16>(x, w, bias, y, rows, D, K, L, silu, s);
+    return -2;
 }
 """
 
@@ -114,15 +168,17 @@ CPP_SRC = r"""
 #include <stdexcept>
 #include <string>
 int dwconv_vec_launch(long long x, long long w, long long bias, long long y, int B, int D, int K, int L, int silu,
-                      long long stream);
+                      int dtype, long long stream);
 static void dwconv_vec_forward(long long x, long long w, long long bias, long long y, int B, int D, int K, int L,
-                               int silu, long long stream) {
-    const int error = dwconv_vec_launch(x, w, bias, y, B, D, K, L, silu, stream);
+                               int silu, int dtype, long long stream) {
+    const int error = dwconv_vec_launch(x, w, bias, y, B, D, K, L, silu, dtype, stream);
     if (error == -1) throw std::invalid_argument("kernel_size must be 1..8 for this template");
+    if (error == -2) throw std::invalid_argument("unknown dtype code " + std::to_string(dtype));
     if (error != 0) throw std::runtime_error("dwconv_vec launch failed: CUDA error " + std::to_string(error));
 }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &dwconv_vec_forward); }
 """
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 def _extension_name() -> str:
@@ -145,13 +201,17 @@ class ModelNew(nn.Module):
         self.bias = nn.Parameter(torch.zeros(channels)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or not x.is_cuda or x.dim() != 3:
-            raise ValueError(f"expected a float32 (B, D, L) CUDA tensor, got {x.dtype} {tuple(x.shape)} on {x.device}")
+        if x.dtype not in DTYPE_CODES or not x.is_cuda or x.dim() != 3:
+            raise ValueError(
+                f"expected a float32, float16 or bfloat16 (B, D, L) CUDA tensor, got {x.dtype} {tuple(x.shape)} "
+                f"on {x.device}"
+            )
         x = x.contiguous()
-        w = self.weight.detach().contiguous()
-        b = self.bias.detach().contiguous() if self.bias is not None else None
+        w = self.weight.detach().to(x.dtype).contiguous()
+        b = self.bias.detach().to(x.dtype).contiguous() if self.bias is not None else None
         batch, channels, length = x.shape
         y = torch.empty_like(x)
         _ext.forward(x.data_ptr(), w.data_ptr(), b.data_ptr() if b is not None else 0, y.data_ptr(), batch, channels,
-                     w.shape[2], length, int(self.silu), torch.cuda.current_stream(x.device).cuda_stream)
+                     w.shape[2], length, int(self.silu), DTYPE_CODES[x.dtype],
+                     torch.cuda.current_stream(x.device).cuda_stream)
         return y
