@@ -8,9 +8,11 @@ literals the search reads without running the file (running it would build it):
     PARAM_CONSTRAINTS = ["TM % (16 * WM) == 0"]  # optional: expressions a valid choice satisfies
     BASELINE = True                        # optional: the search starts from this one
     BACKEND = "cuda"                       # optional: default "cpu" for files named cpu_*.py, else "cuda"
+    PRECISIONS = ["fp32", "bf16"]          # optional: KernelBench precisions it takes; default fp32 only
 
 A file without both PARAMS and PARAM_SPACE (a helper script) is not a template. When no template of a
-backend is marked BASELINE, the problem's `example_<backend>.py` is the baseline.
+backend is marked BASELINE, the problem's `example_<backend>.py` is the baseline. A run with `--precision`
+searches only the templates that list that precision.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from kernelloop.tools.problems import PROBLEMS_DIR
+from kernelloop.tools.problems import PRECISIONS, PROBLEMS_DIR
 from kernelloop.tools.results import Backend
 
 ParamValue = int | float | str | bool
@@ -42,6 +44,7 @@ class KernelTemplate(BaseModel):
     default_params: Params
     param_space: dict[str, list[ParamValue]]
     constraints: list[str] = []
+    precisions: list[str] = Field(["fp32"], description="the KernelBench precisions the template's ModelNew takes")
 
     def source(self) -> str:
         return self.path.read_text()
@@ -96,7 +99,7 @@ def _module_literals(source: str, path: Path) -> tuple[dict[str, Any], dict[str,
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             name = node.targets[0].id
-            if name in ("PARAMS", "PARAM_SPACE", "PARAM_CONSTRAINTS", "BASELINE", "BACKEND"):
+            if name in ("PARAMS", "PARAM_SPACE", "PARAM_CONSTRAINTS", "BASELINE", "BACKEND", "PRECISIONS"):
                 try:
                     values[name] = ast.literal_eval(node.value)
                 except ValueError as exc:
@@ -139,6 +142,9 @@ def load_template(path: Path) -> KernelTemplate | None:
     backend = values.get("BACKEND") or ("cpu" if path.stem.startswith("cpu_") else "cuda")
     if backend not in ("cpu", "cuda"):
         raise TemplateError(f"{path}: BACKEND must be 'cpu' or 'cuda', not {backend!r}")
+    precisions = values.get("PRECISIONS", ["fp32"])
+    if not isinstance(precisions, list) or not precisions or not set(precisions) <= set(PRECISIONS):
+        raise TemplateError(f"{path}: PRECISIONS must be a non-empty list of {sorted(PRECISIONS)}, not {precisions!r}")
     return KernelTemplate(
         name=path.stem,
         path=path,
@@ -147,6 +153,7 @@ def load_template(path: Path) -> KernelTemplate | None:
         default_params=params,
         param_space=space,
         constraints=list(values.get("PARAM_CONSTRAINTS", [])),
+        precisions=precisions,
     )
 
 
@@ -179,6 +186,11 @@ def discover_templates(problem: str, backend: Backend, errors: list[str] | None 
         if template is not None and template.backend == backend:
             found.append(template)
     return found
+
+
+def for_precision(templates: list[KernelTemplate], precision: str | None) -> list[KernelTemplate]:
+    """The templates whose ModelNew takes `precision` (KernelBench's option); all of them without one."""
+    return templates if precision is None else [t for t in templates if precision in t.precisions]
 
 
 class BaselineKernel(BaseModel):

@@ -43,6 +43,7 @@ from kernelloop.agent.templates import (
     Params,
     baseline_kernel,
     discover_templates,
+    for_precision,
     params_key,
 )
 from kernelloop.tools.jobs import EvalOptions
@@ -108,7 +109,9 @@ class SearchProposer:
         self.templates = (
             templates
             if templates is not None
-            else discover_templates(config.problem, config.chosen_backend, self.template_errors)
+            else for_precision(
+                discover_templates(config.problem, config.chosen_backend, self.template_errors), config.precision
+            )
         )
         self.by_name = {t.name: t for t in self.templates}
         self.baseline = (
@@ -124,7 +127,15 @@ class SearchProposer:
     @classmethod
     def unavailable_reason(cls, config: AgentRunConfig) -> str | None:
         """Why the search cannot run on this problem and backend, or None."""
-        templates = discover_templates(config.problem, config.chosen_backend)
+        every = discover_templates(config.problem, config.chosen_backend)
+        templates = for_precision(every, config.precision)
+        if every and not templates:
+            return (
+                f"no template of {config.problem} for the {config.chosen_backend} backend takes "
+                f"--precision {config.precision} (a template lists the precisions its ModelNew takes in "
+                f"PRECISIONS = [...]; these take {sorted({p for t in every for p in t.precisions})}): run without "
+                "--precision, or use --proposer llm"
+            )
         if not templates and baseline_kernel(config.problem, config.chosen_backend, templates) is None:
             backend = config.chosen_backend
             return (

@@ -563,3 +563,26 @@ def test_a_run_in_a_half_precision_sends_it_with_every_job_and_tells_the_model()
 
     with pytest.raises(SystemExit):
         parser.parse_args([*argv, "--precision", "fp8"])
+
+
+def test_a_run_in_a_half_precision_searches_only_the_templates_that_take_it(tmp_path: Path) -> None:
+    """The mamba templates list bf16 and are searched in it; the dense conv's cpu templates take fp32 only, so a
+    bf16 search of that problem is refused before it starts, saying why and what to do."""
+    from kernelloop.agent.proposers.search import SearchProposer
+
+    def config(problem: str, precision: str | None) -> AgentRunConfig:
+        return AgentRunConfig(problem=problem, backend="cpu", proposer="search", precision=precision)
+
+    mamba = SearchProposer(config("mamba_causal_conv1d", "bf16"))
+    assert {t.name for t in mamba.templates} == {"cpu_naive", "cpu_vectorized"}
+    assert mamba.baseline is not None and mamba.baseline.template == "cpu_naive"
+    assert SearchProposer.unavailable_reason(config("mamba_causal_conv1d", "bf16")) is None
+
+    assert SearchProposer.unavailable_reason(config("causal_conv1d", None)) is None
+    assert SearchProposer.unavailable_reason(config("causal_conv1d", "fp32")) is None
+    refused = SearchProposer.unavailable_reason(config("causal_conv1d", "bf16"))
+    assert refused is not None and "takes --precision bf16" in refused and "['fp32']" in refused, refused
+
+    (tmp_path / "cpu_demo.py").write_text("PARAMS = {'A': 1}\nPARAM_SPACE = {'A': [1]}\nPRECISIONS = ['fp8']\n")
+    with pytest.raises(TemplateError, match="PRECISIONS must be a non-empty list of"):
+        load_template(tmp_path / "cpu_demo.py")

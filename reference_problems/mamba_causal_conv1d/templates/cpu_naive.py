@@ -15,6 +15,7 @@ PARAMS = {"OPT": 2}
 PARAM_SPACE = {
     "OPT": [2],  # -O level; the baseline stays naive on purpose
 }
+PRECISIONS = ["fp32", "fp16", "bf16"]  # KernelBench's precision option: ModelNew takes each
 BASELINE = True  # the search starts here
 
 CPP_SRC = r"""

@@ -27,6 +27,7 @@ PARAM_SPACE = {
     "FAST_MATH": [0, 1],  # vector expf for the SiLU
     "ARCH": ["native", "generic"],  # -march=native or the compiler's baseline ISA
 }
+PRECISIONS = ["fp32", "fp16", "bf16"]  # KernelBench's precision option: ModelNew takes each
 
 CPP_SRC = r"""
 #include <pybind11/pybind11.h>

@@ -16,6 +16,7 @@ PARAMS = {"THREADS": 256}
 PARAM_SPACE = {
     "THREADS": [256],  # threads per block; the baseline stays naive on purpose
 }
+PRECISIONS = ["fp32", "fp16", "bf16"]  # KernelBench's precision option: ModelNew takes each
 BASELINE = True  # the search starts here
 
 CUDA_SRC = r"""

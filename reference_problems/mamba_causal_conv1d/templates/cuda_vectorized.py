@@ -28,6 +28,7 @@ PARAM_SPACE = {
     "THREADS": [64, 128, 256, 512],  # threads per block
     "FAST_EXP": [0, 1],  # __expf instead of expf in the SiLU
 }
+PRECISIONS = ["fp32", "fp16", "bf16"]  # KernelBench's precision option: ModelNew takes each
 
 CUDA_SRC = r"""
 #include <cuda_runtime.h>
