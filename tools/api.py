@@ -16,7 +16,7 @@ from typing import cast
 from kernelloop.tools.build import build_cache, object_cache, toolchain, verdict_cache
 from kernelloop.tools.jobs import EvalOptions, Step, WorkerJob, WorkerReply
 from kernelloop.tools.phase_registry import PHASES, Phase
-from kernelloop.tools.problems import ProblemError, ProblemSpec, load_problem, memory_problem
+from kernelloop.tools.problems import ProblemError, ProblemSpec, job_dtype, load_problem, memory_problem
 from kernelloop.tools.results import (
     Backend,
     BenchmarkResult,
@@ -142,7 +142,14 @@ def run_phase(
 ) -> PhaseResult:
     """Run one step in a sandboxed worker: what the tools above and the service's executor call (with its pool
     of workers started ahead)."""
-    settings = settings or get_sandbox_settings()
+    result = _run_phase(step, settings or get_sandbox_settings(), on_progress, pool)
+    result.dtype = job_dtype(step.problem, step.options.precision)
+    return result
+
+
+def _run_phase(
+    step: Step, settings: SandboxSettings, on_progress: Progress | None, pool: WorkerPool | None
+) -> PhaseResult:
     fingerprint = toolchain.toolchain_fingerprint(settings.cuda_arch_list, settings.cache_dir)
     key = build_cache.cache_key(step.code, step.backend, fingerprint)
     too_large = _too_large(step, settings)

@@ -90,6 +90,11 @@ class PhaseResult(BaseModel):
     problem: str
     backend: Backend
     device: str = Field("", description="the device the phase ran on, e.g. 'NVIDIA H200' or 'cpu'")
+    dtype: str | None = Field(
+        None,
+        description="what the job computed in: the problem's own dtype, or the one KernelBench's precision option "
+        "cast the inputs and both models to (set by the caller from the request, never by the worker)",
+    )
     sandbox: SandboxReport | None = None
     step_seconds: dict[str, float] = Field(
         {},

@@ -92,7 +92,10 @@ def _format_benchmark(result: BenchmarkResult) -> list[str]:
 
 def format_result(result: PhaseResult) -> str:
     """A person's view of any tool result."""
-    lines = [f"{result.problem} on {result.backend} ({result.device or 'no device'}): {result.status.value.upper()}"]
+    dtype = f" in {result.dtype}" if result.dtype else ""
+    lines = [
+        f"{result.problem} on {result.backend} ({result.device or 'no device'}){dtype}: {result.status.value.upper()}"
+    ]
     if result.message:
         lines.append(f"  {result.message}")
     compiled = compile_part(result)

@@ -32,7 +32,7 @@ def test_mamba_cpu_templates_pass_every_correctness_shape(session_root: Path) ->
         result = api.run_tests(PROBLEM, templates[name].render(params), "cpu", settings=_settings(session_root))
         log = result.compile.log[-2000:] if result.compile else ""
         assert result.status == Status.passed, (name, params, result.message, log)
-        assert result.tolerance is not None and result.tolerance.name == "fp32"
+        assert result.tolerance is not None and result.tolerance.name == "fp32" and result.dtype == "float32"
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -48,6 +48,7 @@ def test_mamba_cpu_templates_pass_in_the_half_precisions(session_root: Path, pre
         settings=_settings(session_root),
     )
     assert result.status == Status.passed, (precision, result.message)
+    assert result.dtype == {"bf16": "bfloat16", "fp16": "float16"}[precision]
     assert result.tolerance is not None and result.tolerance.max_rel_error > 1e-3  # the half precision's, not fp32's
     assert max(c.max_rel_error for c in result.checks) > 1e-5  # really computed on rounded inputs
 

@@ -51,7 +51,7 @@ def test_cli_readable_table_and_exit_code_1_for_a_failing_kernel(kl):
     out = _kernelloop(kl, "test", str(path), "--problem", PROBLEM, "--backend", "cpu", "--seeds", "1")
 
     assert out.returncode == 1, out.stderr
-    assert "causal_conv1d on cpu (cpu): WRONG_RESULT" in out.stdout
+    assert "causal_conv1d on cpu (cpu) in float32: WRONG_RESULT" in out.stdout
     header = next(line for line in out.stdout.splitlines() if line.startswith("shape"))
     assert header.split()[:5] == ["shape", "seed", "status", "max", "rel"]
     assert re.search(r"^small\s+\d+\s+wrong_result\s", out.stdout, re.M), out.stdout

@@ -1,6 +1,6 @@
 """The pages' fields over plain HTTP: the run page's poll carries every field the page shows (Best
-speedup and Duration went stale), the attempt page's Verdicts name their phase, the problems page reads its
-tolerance as words, and the live JSON of an unknown run is a 404 that says so.
+speedup and Duration went stale), the attempt page's Verdicts name their phase and what they computed in, the
+problems page reads its tolerance as words, and the live JSON of an unknown run is a 404 that says so.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ def _new_run(db: Path) -> int:
     return run_id
 
 
-def _add_timed_attempt(db: Path, run_id: int, speedup: float) -> int:
-    """An attempt of the run that passed its test and was timed at `speedup`, written into the service's database."""
+def _add_timed_attempt(db: Path, run_id: int, speedup: float, dtype: str | None = None) -> int:
+    """An attempt of the run that passed its test and was timed at `speedup` (computed in `dtype`), written into
+    the service's database."""
     engine = open_database(database_url(str(db)), create=False)
     with Session(engine) as session:
         problem = problems.get_problem(session, "causal_conv1d")
@@ -62,6 +63,7 @@ def _add_timed_attempt(db: Path, run_id: int, speedup: float) -> int:
         now = utcnow()
         compiled = CompileResult(status=Status.passed, problem="causal_conv1d", backend="cpu")
         for verdict in (passed_test(compile=compiled), passed_benchmark(speedup)):
+            verdict.dtype = dtype
             history.record_evaluation(
                 session, attempt_id, None, verdict, created_at=now, started_at=now, finished_at=now
             )
@@ -86,13 +88,18 @@ def test_the_live_poll_carries_best_speedup_and_duration(service: ServiceProcess
     assert 'getElementById("run-duration").textContent = live.duration' in script
 
 
-def test_the_attempt_page_names_each_verdicts_phase(service: ServiceProcess, pages: httpx.Client) -> None:
-    attempt_id = _add_timed_attempt(service.db, _new_run(service.db), 1.5)
+def test_the_attempt_page_names_each_verdicts_phase_and_dtype(service: ServiceProcess, pages: httpx.Client) -> None:
+    """A verdict of a job cast by KernelBench's precision option says what it computed in."""
+    attempt_id = _add_timed_attempt(service.db, _new_run(service.db), 1.5, dtype="bfloat16")
     page = pages.get(f"/attempts/{attempt_id}").text
     table = page[page.index('<table id="evaluations">') :]
     table = table[: table.index("</table>")]
     phases = re.findall(r"<tr><td>([^<]*)</td>", table)
     assert phases and set(phases) <= {"compile", "test", "benchmark"} and "benchmark" in phases, phases
+    header = re.findall(r"<th[^>]*>([^<]*)</th>", table)
+    column = header.index("Computed in")
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S) for row in re.findall(r"<tr><td>.*?</tr>", table, re.S)]
+    assert {row[column] for row in rows} == {"bfloat16"}, rows
 
 
 def test_the_problems_page_reads_the_tolerance_as_words(pages: httpx.Client) -> None:
