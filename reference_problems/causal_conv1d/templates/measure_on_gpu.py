@@ -1,6 +1,6 @@
 """Build, check and time causal-conv1d template variants on the GPU, against cuDNN TF32, in one run.
 
-Usage (from this folder, on the device):  python3 measure_on_gpu.py [variants.json]
+Usage (from this folder, on the GPU machine):  python3 measure_on_gpu.py [variants.json]
 A variant is (label, template file, PARAMS overrides).  Each variant file is written to a temp folder
 with its PARAMS line rewritten (exactly what a search does), all are built in parallel subprocesses,
 then every variant is checked on the problem's correctness shapes plus extras against a float64
