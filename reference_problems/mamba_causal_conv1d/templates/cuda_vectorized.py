@@ -3,9 +3,10 @@
 Each thread loads the window x[t0-(K-1) .. t0+VEC-1] of its row once (16-byte loads where the row is aligned,
 predicated scalars for the causal halo and the tail), keeps the K taps of its channel in registers (K = 2, 3, 4
 are compile-time instantiations, others up to 8 run generic), and writes VEC outputs (16-byte stores where
-aligned). The grid is (time chunks, rows), so a block never straddles two channels; more rows than a grid's
-y-dimension holds go out in slabs. FAST_EXP uses __expf for the SiLU (within 2 ulp; the strict tolerance is
-1e-5 of max|truth|).
+aligned). With HALO a thread takes the K-1 inputs before its outputs from the lane to its left by a warp
+shuffle (that lane's window ends where this one's begins), and only lane 0 reads them. The grid is (time
+chunks, rows), so a block never straddles two channels; more rows than a grid's y-dimension holds go out in
+slabs. FAST_EXP uses __expf for the SiLU (within 2 ulp; the strict tolerance is 1e-5 of max|truth|).
 
 float32, float16 and bfloat16 inputs (KernelBench's precision option casts the inputs and the weights): the
 kernel is a template over the element type, converts each element to float32 as it is loaded, accumulates and
@@ -22,12 +23,14 @@ import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
-PARAMS = {"VEC": 4, "THREADS": 256, "FAST_EXP": 1}
+PARAMS = {"VEC": 4, "THREADS": 256, "FAST_EXP": 1, "HALO": 0}
 PARAM_SPACE = {
     "VEC": [1, 2, 4, 8, 16],  # outputs per thread
     "THREADS": [64, 128, 256, 512],  # threads per block
     "FAST_EXP": [0, 1],  # __expf instead of expf in the SiLU
+    "HALO": [0, 1],  # the K-1 inputs before a thread's outputs: 0 read by each thread, 1 from the lane to its left
 }
+PARAM_CONSTRAINTS = ["HALO == 0 or VEC >= 4"]  # a shuffle needs the left lane's outputs to cover the halo
 PRECISIONS = ["fp32", "fp16", "bf16"]  # KernelBench's precision option: ModelNew takes each
 
 CUDA_SRC = r"""
@@ -80,7 +83,10 @@ __global__ void __launch_bounds__(KL_THREADS) dwconv_vec(const T* __restrict__ x
     const long long row = row0 + blockIdx.y;
     const int d = (int)(row % D);
     const int t0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-    if (t0 >= L) return;
+    // the halo before t0 (causal padding where < 0) is read by each thread, or with HALO taken from the left
+    // lane, whose window ends where this one's begins (it covers the K-1 inputs when VEC >= K-1)
+    constexpr bool SHUFFLE = KL_HALO && VEC >= KM - 1;
+    if (!SHUFFLE && t0 >= L) return;  // with the shuffle every lane takes part; past the end it reads nothing
     const T* xr = x + row * L;
     T* yr = y + row * L;
     float wk[KM];
@@ -92,10 +98,12 @@ __global__ void __launch_bounds__(KL_THREADS) dwconv_vec(const T* __restrict__ x
     const bool full = t0 + VEC <= L;
     const bool aligned = (L % CHUNK == 0) && ((reinterpret_cast<uintptr_t>(xr) % sizeof(P)) == 0) &&
                          ((reinterpret_cast<uintptr_t>(yr) % sizeof(P)) == 0);
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int i = 0; i < KM - 1; ++i) {  // the halo before t0 (causal padding where < 0)
+    for (int i = 0; i < KM - 1; ++i) {
         const int pos = t0 - (K - 1) + i;
-        win[i] = (i < K - 1 && pos >= 0) ? to_float(__ldg(xr + pos)) : 0.0f;
+        const bool read = i < K - 1 && pos >= 0 && (!SHUFFLE || (lane == 0 && pos < L));  // a lane 0 past the end
+        win[i] = read ? to_float(__ldg(xr + pos)) : 0.0f;
     }
     if (full && aligned) {
 #pragma unroll
@@ -108,6 +116,13 @@ __global__ void __launch_bounds__(KL_THREADS) dwconv_vec(const T* __restrict__ x
     } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) win[K - 1 + j] = (t0 + j < L) ? to_float(__ldg(xr + t0 + j)) : 0.0f;
+    }
+    if (SHUFFLE) {
+#pragma unroll
+        for (int i = 0; i < KM - 1; ++i) {  // the left lane's win[VEC + i] is x[t0 - (K-1) + i]
+            const float left = __shfl_up_sync(0xffffffffu, win[VEC + i], 1);
+            if (lane != 0 && i < K - 1) win[i] = left;  // i >= K-1 (a run-time K below KMAX) is loaded already
+        }
     }
     float out[VEC];
 #pragma unroll
@@ -190,7 +205,8 @@ def _extension_name() -> str:
 _ext = load_inline(name=_extension_name(), cpp_sources=CPP_SRC, cuda_sources=CUDA_SRC, no_implicit_headers=True,
                    with_cuda=True, extra_cflags=["-O2"],
                    extra_cuda_cflags=["-O3", f"-DKL_VEC={PARAMS['VEC']}", f"-DKL_THREADS={PARAMS['THREADS']}",
-                                      f"-DKL_FAST_EXP={PARAMS['FAST_EXP']}"], verbose=False)
+                                      f"-DKL_FAST_EXP={PARAMS['FAST_EXP']}", f"-DKL_HALO={PARAMS['HALO']}"],
+                   verbose=False)
 
 
 class ModelNew(nn.Module):
