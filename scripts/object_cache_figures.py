@@ -19,7 +19,7 @@ import time
 from submission_arguments import data_folder, submission_parser
 
 from kernelloop.tools import api
-from kernelloop.tools.build import header_cache, object_cache
+from kernelloop.tools.compilation import header_cache, object_cache
 from kernelloop.tools.results import CompileResult
 from kernelloop.tools.sandbox.launch import serve_object_cache
 from kernelloop.tools.settings import SandboxSettings

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from kernelloop.tools.build.toolchain import cuda_home
+from kernelloop.tools.compilation.toolchain import cuda_home
 
 DEFAULT_POINTS = {
     "default": {},

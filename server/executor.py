@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from kernelloop.contract import NodeInfo
 from kernelloop.tools import api
 from kernelloop.tools.api import Progress
-from kernelloop.tools.build import header_cache
+from kernelloop.tools.compilation import header_cache
 from kernelloop.tools.jobs import Step
 from kernelloop.tools.results import PhaseResult
 from kernelloop.tools.sandbox.launch import serve_object_cache

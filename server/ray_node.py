@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from kernelloop.server.executor import start_host_helpers
 from kernelloop.tools import api
-from kernelloop.tools.build import build_cache
+from kernelloop.tools.compilation import build_cache
 from kernelloop.tools.jobs import Step
 from kernelloop.tools.phase_registry import PHASES
 from kernelloop.tools.problems import ProblemSpec

@@ -7,7 +7,7 @@ hands the agent its URL); storage under the service; the HTTP contract under the
 bottom: their shared vocabulary (results, jobs, problems, phases, settings, the verdict text, the datasheet),
 `tools.api` (the three functions, each a sandboxed worker), and four rooms. The rooms keep the judge/candidate
 line: the judge (inside the sandboxed worker) forks the candidate's runner and speaks its protocol; the runner
-builds and imports the submission and never reaches into the judge; sandbox and build are the caller's side.
+builds and imports the submission and never reaches into the judge; sandbox and compilation are the caller's side.
 """
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = ["tools", "server", "agent", "storage", "kernelloop/cli", "kernelloop/contract.py", "kernelloop/__main__.py"]
-ROOMS = ("sandbox", "build", "judge", "runner")
+ROOMS = ("sandbox", "compilation", "judge", "runner")
 
 ALLOWED: dict[str, set[str]] = {
     "cli": {"agent", "server", "storage", "contract", "tools", "tools.api", *(f"tools/{room}" for room in ROOMS)},
     "agent": {"contract", "tools"},
-    "server": {"storage", "contract", "tools", "tools.api", "tools/sandbox", "tools/build"},
+    "server": {"storage", "contract", "tools", "tools.api", "tools/sandbox", "tools/compilation"},
     "storage": {"contract", "tools"},
     "contract": {"tools"},
-    "tools.api": {"tools", "tools/sandbox", "tools/build"},
+    "tools.api": {"tools", "tools/sandbox", "tools/compilation"},
     "tools": set(),
-    "tools/sandbox": {"tools", "tools/build"},
-    "tools/build": {"tools"},  # the sandbox runs builds and hands the object cache its runner, never the reverse
+    "tools/sandbox": {"tools", "tools/compilation"},
+    "tools/compilation": {"tools"},  # the sandbox runs builds and hands the object cache its runner, never the reverse
     "tools/judge": {"tools", "tools/runner"},
-    "tools/runner": {"tools", "tools/build"},
+    "tools/runner": {"tools", "tools/compilation"},
 }
 """Which units a unit's modules may import (its own always). `kernelloop` itself, the namespace, holds nothing
 but its docstring, and any module may import it (the sandbox's view does, for the package's folder)."""
@@ -42,9 +42,9 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     "so that both sides of a timed call reset the persisting lines alike; a leaf of ctypes calls, no judging in it",
     ("tools/runner", "kernelloop.tools.sandbox.seccomp"): "the runner's guard is a seccomp filter of its own, "
     "built on the sandbox's table of ABIs (AUDIT_ARCH, the x32 bit): one table, so no ABI slips past either filter",
-    ("tools", "kernelloop.tools.build.toolchain"): "a problem's spec cache (tools.problems) is keyed on the torch "
+    ("tools", "kernelloop.tools.compilation.toolchain"): "a problem's spec cache (tools.problems) is keyed on the torch "
     "version, which the toolchain reads from torch's version file without importing torch",
-    ("tools/judge", "kernelloop.tools.build.diagnostics"): "the memory check points compute-sanitizer's cuda.cu:12 "
+    ("tools/judge", "kernelloop.tools.compilation.diagnostics"): "the memory check points compute-sanitizer's cuda.cu:12 "
     "at the submitted line with the same mapping of load_inline's files that points compiler messages there",
 }
 """Single modules a unit may import from a unit it may not, each with its reason."""
@@ -79,7 +79,7 @@ def module_of_file(path: Path) -> str:
 
 
 def _is_module(module: str) -> bool:
-    """Whether a dotted name of ours is a module or package (`from kernelloop.tools import build`: a package)."""
+    """Whether a dotted name of ours is a module or package (`from kernelloop.tools import compilation`: a package)."""
     relative = Path(*module.split(".")[1:])
     return (REPO / "kernelloop" / relative).with_suffix(".py").is_file() or (
         REPO / "kernelloop" / relative / "__init__.py"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
-from kernelloop.tools.build import build_cache, object_cache, toolchain, verdict_cache
+from kernelloop.tools.compilation import build_cache, object_cache, toolchain, verdict_cache
 from kernelloop.tools.jobs import EvalOptions, Step, WorkerJob, WorkerReply
 from kernelloop.tools.phase_registry import PHASES, Phase
 from kernelloop.tools.problems import ProblemError, ProblemSpec, job_dtype, load_problem, memory_problem

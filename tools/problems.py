@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from kernelloop.tools.build import toolchain
+from kernelloop.tools.compilation import toolchain
 from kernelloop.tools.results import Backend, TolerancePolicy
 
 PROBLEMS_DIR = Path(__file__).resolve().parent.parent / "reference_problems"

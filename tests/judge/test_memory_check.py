@@ -15,7 +15,7 @@ import pytest
 from conftest import CPU_EXAMPLE, PROBLEM, REPO
 
 from kernelloop.tools import api
-from kernelloop.tools.build import toolchain
+from kernelloop.tools.compilation import toolchain
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.judge.memory_check import ERROR_EXIT_CODE, locate, too_large, tool_verdict, tools_for
 from kernelloop.tools.judge.runner_link import ToolRun

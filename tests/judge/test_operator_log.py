@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from kernelloop.tools.build import observer_library
+from kernelloop.tools.compilation import observer_library
 from kernelloop.tools.judge.operator_log import OperatorLog, Tampered, siphash24
 
 

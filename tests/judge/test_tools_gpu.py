@@ -15,7 +15,7 @@ import torch
 from conftest import ONE_CHECK, PROBLEM, REPO, SUBMISSIONS, candidate_source
 
 from kernelloop.tools import api
-from kernelloop.tools.build import toolchain
+from kernelloop.tools.compilation import toolchain
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import import_problem_module, load_problem
 from kernelloop.tools.results import Status

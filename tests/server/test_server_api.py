@@ -34,7 +34,7 @@ from kernelloop.contract import JobEventPublic, RunCreate
 from kernelloop.storage import history, problems
 from kernelloop.storage.database import database_url, open_database
 from kernelloop.storage.models import SCHEMA_VERSION, Attempt, utcnow
-from kernelloop.tools.build.toolchain import gpu_arch
+from kernelloop.tools.compilation.toolchain import gpu_arch
 from kernelloop.tools.results import CompileResult, Status, TestResult
 
 HAS_GPU = gpu_arch() is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from server_fixtures import CUDA_EXAMPLE, ServiceProcess
 
-from kernelloop.tools.build.toolchain import gpu_arch
+from kernelloop.tools.compilation.toolchain import gpu_arch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_arch() is None, reason="no NVIDIA GPU visible")]
 

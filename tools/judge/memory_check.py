@@ -11,7 +11,7 @@ ran under the tool must be right too, and must call no forbidden operator.
 The verdict is the tool's, read by the judge alone: its exit code (`--error-exitcode`) and its own output
 (`kernelloop.tools.judge.sanitizer_report`), which goes to a pipe the candidate's runner does not write to. A
 reported error fails the test as `memory_error`, naming the tool, the access, the kernel, the thread and the line
-of the submitted source (builds carry `-lineinfo`: `kernelloop.tools.build.toolchain`). A tool that runs out of
+of the submitted source (builds carry `-lineinfo`: `kernelloop.tools.compilation.toolchain`). A tool that runs out of
 its time is a `timeout`; one that dies of a signal, exits oddly or ends without its summary line is `suspicious`:
 nothing the runner says can stand in for the tool's verdict.
 
@@ -47,7 +47,7 @@ import threading
 import time
 from pathlib import Path
 
-from kernelloop.tools.build.diagnostics import excerpt, submitted_line
+from kernelloop.tools.compilation.diagnostics import excerpt, submitted_line
 from kernelloop.tools.judge import sanitizer_report
 from kernelloop.tools.judge.compiling import load, start
 from kernelloop.tools.judge.expectation import expected_for, judged, take_outputs

@@ -1,7 +1,7 @@
 // The operator observer: a global RecordFunction callback (every thread of the process, below any Python
 // dispatch mode) that writes each operator the candidate's process dispatches to a pipe only the judge reads.
 //
-// It is built on the host from this source alone (kernelloop.tools.build.observer_library) and started by the
+// It is built on the host from this source alone (kernelloop.tools.compilation.observer_library) and started by the
 // runner before any submitted code exists (kernelloop.tools.runner.observer). Every line it writes carries a
 // sequence number and a SipHash-2-4 tag under a key it read from a descriptor of its own and keeps only here,
 // so a line written to the pipe by anyone else, or a gap, is seen by the judge. The judge's per-call marks

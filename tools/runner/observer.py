@@ -1,7 +1,7 @@
 """The runner's side of the operator observer: start it before any submitted code exists, and pass on the
 judge's marks through the dispatcher.
 
-The observer itself is compiled C++ (`observer.cpp`, built by `kernelloop.tools.build.observer_library`): a
+The observer itself is compiled C++ (`observer.cpp`, built by `kernelloop.tools.compilation.observer_library`): a
 global RecordFunction callback, so it sees every thread and no Python-level profiler switch turns it off. What
 it sees goes straight to a pipe the judge reads (`kernelloop.tools.judge.operator_log`); this process never
 holds the list, and the key that tags each line is read by the library from its own descriptor. A mark is a

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from kernelloop.tools.build import build_cache
-from kernelloop.tools.build.diagnostics import python_error_diagnostics
+from kernelloop.tools.compilation import build_cache
+from kernelloop.tools.compilation.diagnostics import python_error_diagnostics
 from kernelloop.tools.judge import l2_cache
 from kernelloop.tools.problems import import_problem_module
 from kernelloop.tools.results import CompileResult, Status

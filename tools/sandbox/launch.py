@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kernelloop.tools.build import header_cache, object_cache, observer_library, toolchain
+from kernelloop.tools.compilation import header_cache, object_cache, observer_library, toolchain
 from kernelloop.tools.results import Isolation, SandboxReport
 from kernelloop.tools.sandbox import seccomp, view
 from kernelloop.tools.sandbox.cgroups import JobCgroup
@@ -287,10 +287,10 @@ class StartedWorker:
         objects: Path | None = None,
         observer: Path | None = None,
     ):
-        """`headers`: a folder of precompiled headers to show read-only (kernelloop.tools.build.header_cache);
+        """`headers`: a folder of precompiled headers to show read-only (kernelloop.tools.compilation.header_cache);
         `objects`: the objects of unchanged sources, read-only, for builds that use those headers
-        (kernelloop.tools.build.object_cache; under bubblewrap only); `observer`: the folder of the operator
-        observer's library (kernelloop.tools.build.observer_library), read-only."""
+        (kernelloop.tools.compilation.object_cache; under bubblewrap only); `observer`: the folder of the operator
+        observer's library (kernelloop.tools.compilation.observer_library), read-only."""
         self.job_dir, self.settings = job_dir, settings
         self.isolation = available_isolation(settings)
         (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -440,7 +440,7 @@ def run_command(
 
 
 def serve_object_cache(settings: SandboxSettings) -> None:
-    """Keep the objects of unchanged sources from now on (kernelloop.tools.build.object_cache): the host compiles
+    """Keep the objects of unchanged sources from now on (kernelloop.tools.compilation.object_cache): the host compiles
     builds' misses with `run_command`, so only where bubblewrap holds."""
     if settings.object_cache and available_isolation(settings) == "bubblewrap":
         object_cache.start(settings, run_command)

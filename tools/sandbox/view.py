@@ -23,8 +23,8 @@ import kernelloop
 
 SANDBOX_UID = 65534  # nobody, inside the sandbox's user namespace
 BUILD_MOUNT = Path("/kernelloop-build")  # the job's build folder, as the worker sees it
-HEADERS_MOUNT = Path("/kernelloop-headers")  # the toolchain's precompiled headers (kernelloop.tools.build.header_cache)
-OBSERVER_MOUNT = Path("/kernelloop-observer")  # the operator observer (kernelloop.tools.build.observer_library)
+HEADERS_MOUNT = Path("/kernelloop-headers")  # the toolchain's precompiled headers (kernelloop.tools.compilation.header_cache)
+OBSERVER_MOUNT = Path("/kernelloop-observer")  # the operator observer (kernelloop.tools.compilation.observer_library)
 OBJECTS_MOUNT = Path("/kernelloop-objects")  # the toolchain's objects of unchanged sources (tools.object_cache)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 ETC_FILES = (  # what the dynamic linker, compilers and getpwuid read; /etc/shadow and the like stay out

@@ -17,7 +17,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
-from kernelloop.tools.build import header_cache, object_cache, observer_library, toolchain
+from kernelloop.tools.compilation import header_cache, object_cache, observer_library, toolchain
 from kernelloop.tools.results import SandboxReport
 from kernelloop.tools.sandbox import launch, stop
 from kernelloop.tools.sandbox.limits import folder_bytes

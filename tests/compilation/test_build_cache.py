@@ -13,7 +13,7 @@ import pytest
 from conftest import CPU_EXAMPLE, PROBLEM, cpu_correctness_shapes
 
 from kernelloop.tools import api
-from kernelloop.tools.build import build_cache
+from kernelloop.tools.compilation import build_cache
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import Status

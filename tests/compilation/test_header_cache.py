@@ -12,7 +12,7 @@ import pytest
 from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM, run_kernelloop
 
 from kernelloop.tools import api
-from kernelloop.tools.build import header_cache, object_cache
+from kernelloop.tools.compilation import header_cache, object_cache
 from kernelloop.tools.results import CompileResult, Status
 from kernelloop.tools.sandbox import view
 from kernelloop.tools.sandbox.launch import available_isolation, serve_object_cache

@@ -1,11 +1,11 @@
 #!/bin/sh
 # The C++ compiler that extension builds in the sandbox call (CXX): the real one, with two shortcuts.
 #
-# Precompiled torch/extension.h (kernelloop.tools.build.header_cache): a source that begins by including it gets
+# Precompiled torch/extension.h (kernelloop.tools.compilation.header_cache): a source that begins by including it gets
 # `-include` of the precompiled header; GCC checks that it was made with compatible options and otherwise
 # parses the header as usual.
 #
-# Objects of unchanged sources (kernelloop.tools.build.object_cache): a compile of one C++ source to an object is
+# Objects of unchanged sources (kernelloop.tools.compilation.object_cache): a compile of one C++ source to an object is
 # preprocessed first; the key is the options and that text. When the host's cache (read-only here) holds the
 # key, its object is copied and nothing is compiled. Otherwise the source compiles as usual and, if it did,
 # the text and the options are left in the build for the host, which compiles them in a sandbox of its own.

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kernelloop.tools.build import toolchain
+from kernelloop.tools.compilation import toolchain
 from kernelloop.tools.settings import SandboxSettings
 
 log = logging.getLogger("kernelloop.observer_library")

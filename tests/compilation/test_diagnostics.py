@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.tools.build.diagnostics import build_log_diagnostics, excerpt, python_error_diagnostics
+from kernelloop.tools.compilation.diagnostics import build_log_diagnostics, excerpt, python_error_diagnostics
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 GXX = shutil.which("g++")

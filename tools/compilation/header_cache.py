@@ -5,7 +5,7 @@ parses for 10-20 s even when the file itself is a three-line binding. GCC can lo
 instead (the binding of the causal conv1d seed: 19 s without, 7 s with, on a 2-core machine). The service
 builds them once per toolchain, on the host, from torch's own headers only (no submitted code is involved,
 so the result can be shared), one per optimization level, and shows them read-only to every sandboxed build.
-Builds reach them through a `c++` kept beside them (`tools/build/cxx_wrapper.sh`), the CXX of the sandbox, which
+Builds reach them through a `c++` kept beside them (`tools/compilation/cxx_wrapper.sh`), the CXX of the sandbox, which
 adds `-include` of the header for a source that begins with the torch include. GCC picks the variant made with
 matching options and parses the header as before when none matches (another -std, -fopenmp, defines that
 change torch's headers).
@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from kernelloop.tools.build import toolchain
+from kernelloop.tools.compilation import toolchain
 from kernelloop.tools.settings import SandboxSettings
 
 log = logging.getLogger("kernelloop.header_cache")

@@ -2,7 +2,7 @@
 again on every edit of its .cu, for 7-10 s of pybind11 templates, though its text is the same each time.
 
 An object is kept under the hash of what the compiler was given: the source as preprocessed (every header
-folded in) and the options. The sandbox's compiler (`tools/build/cxx_wrapper.sh`) preprocesses each C++ source
+folded in) and the options. The sandbox's compiler (`tools/compilation/cxx_wrapper.sh`) preprocesses each C++ source
 first; when the host holds an object under that key it is copied and the compile is skipped. On a miss the
 source compiles as usual and the preprocessed text is left beside the build for the host.
 
@@ -15,7 +15,7 @@ An object is then what compiling that text with those options gives, whoever ask
 to builds without the right to list it: a build opens what it has the key of, the hash of text it holds, and
 cannot read what other submissions' builds left.
 
-A .cu's host compile (`tools/build/nvcc_parallel.py`) asks the same way for a precompiled header of the headers' part
+A .cu's host compile (`tools/compilation/nvcc_parallel.py`) asks the same way for a precompiled header of the headers' part
 of cudafe++'s output (`KEY.h`: text that still holds an #include of CUDA's runtime header and macros, so its
 include paths and defines are kept, absolute paths only). The host precompiles it with that compiler and those
 options and keeps `KEY.h` and `KEY.h.gch`, the newest `MAX_PRECOMPILED_HEADERS` of them (one of torch's is
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelloop.tools.build import header_cache, nvcc_parallel
+from kernelloop.tools.compilation import header_cache, nvcc_parallel
 from kernelloop.tools.settings import SandboxSettings
 
 log = logging.getLogger("kernelloop.object_cache")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.tools.build import object_cache
+from kernelloop.tools.compilation import object_cache
 
 WRAPPER = Path(object_cache.__file__).resolve().parent / "cxx_wrapper.sh"
 

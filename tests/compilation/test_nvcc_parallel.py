@@ -1,4 +1,4 @@
-"""nvcc with its host and device front ends side by side (tools/build/nvcc_parallel.py).
+"""nvcc with its host and device front ends side by side (tools/compilation/nvcc_parallel.py).
 
 Against nvcc itself, on this machine's toolkit: the same object (symbols, less the module id nvcc makes up),
 the same dependency list, the same diagnostics and exit code for an error of either front end, of ptxas and
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.tools.build import nvcc_parallel, object_cache, toolchain
+from kernelloop.tools.compilation import nvcc_parallel, object_cache, toolchain
 from kernelloop.tools.sandbox.launch import available_isolation, run_command
 
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"

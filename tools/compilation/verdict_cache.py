@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from kernelloop.tools.build import build_cache
+from kernelloop.tools.compilation import build_cache
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import CompileResult, Status
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.tools.build import toolchain
+from kernelloop.tools.compilation import toolchain
 
 
 @pytest.fixture(autouse=True)
