@@ -21,10 +21,16 @@ from pathlib import Path
 
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1
-_ACCESS_EXECUTE, _ACCESS_READ_FILE = 1 << 0, 1 << 2
+_ACCESS_EXECUTE, _ACCESS_READ_FILE, _ACCESS_REFER = 1 << 0, 1 << 2, 1 << 13
 _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
 FENCED_ACCESS = _ACCESS_EXECUTE | _ACCESS_READ_FILE
+REFER_SINCE_ABI = 2
+"""Landlock denies every rename or link into another folder under any ruleset (EXDEV, "Invalid cross-device link"),
+unless the ruleset handles the REFER right (ABI 2 on, Linux 5.19) and a rule grants it. Triton writes its cache
+through a file in a folder of its own and a rename, so the fence grants REFER wherever it grants reading: renames
+move files within what the process may read, and Landlock refuses one that would give a fenced file rights it had
+not (a denied library moved under an allowed folder)."""
 ENTRY_LIBRARIES = {"cudnn": "libcudnn.so"}
 """the library's entry point torch itself links (mapped before the fence; its work is in the fenced files)"""
 
@@ -69,18 +75,25 @@ def fence_off(libraries: list[str], *, before_exec: bool = False) -> str | None:
     if loaded:
         return f"the forbidden library is loaded already in the candidate's process ({loaded}): it cannot be fenced off"
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(_LANDLOCK_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION) < 1:
+    abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION)
+    if abi < 1:
         return (
             f"this kernel offers no Landlock ({os.strerror(ctypes.get_errno())}), which fences off the libraries "
             f"the problem forbids ({', '.join(libraries)}): run on Linux 5.13 or later with Landlock enabled"
         )
-    attr = _RulesetAttr(FENCED_ACCESS)
+    if abi < REFER_SINCE_ABI:
+        return (
+            f"this kernel's Landlock (ABI {abi}) would refuse every rename into another folder under the fence of "
+            f"{', '.join(libraries)} (Triton's cache, a build's files): run on Linux 5.19 or later"
+        )
+    granted = FENCED_ACCESS | _ACCESS_REFER
+    attr = _RulesetAttr(granted)
     ruleset = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
     if ruleset < 0:
         return f"Landlock refused a ruleset: {os.strerror(ctypes.get_errno())}"
     try:
         for path in _everything_but(denied):
-            _allow(libc, ruleset, path)
+            _allow(libc, ruleset, path, granted)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
             return f"Landlock did not restrict the runner: {os.strerror(ctypes.get_errno())}"
     finally:
@@ -166,13 +179,13 @@ def _unescaped(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def _allow(libc: ctypes.CDLL, ruleset: int, path: Path) -> None:
+def _allow(libc: ctypes.CDLL, ruleset: int, path: Path, access: int) -> None:
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
         return  # gone, or a socket: nothing to read there
     try:
-        rule = _PathBeneathAttr(FENCED_ACCESS, fd)
+        rule = _PathBeneathAttr(access, fd)
         libc.syscall(_LANDLOCK_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0)
     finally:
         os.close(fd)
