@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test check
+.PHONY: run test check gpu-check
 
 $(BIN)/.kernelloop-installed: pyproject.toml
 	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } \
@@ -29,3 +29,9 @@ check: $(BIN)/.kernelloop-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# Every GPU path on this machine's GPU (the GPU tests, then compile, test, bench and profile of a CUDA template, a
+# Triton kernel, a KernelBench file and the Mamba template, then a null-suite sample), ending with one table.
+# KERNELBENCH=DIR (KernelBench's folder of level folders) adds the real level-1 file and the null-suite sample.
+gpu-check: $(BIN)/.kernelloop-installed
+	$(BIN)/python scripts/gpu_check.py $(if $(KERNELBENCH),--kernelbench $(KERNELBENCH))

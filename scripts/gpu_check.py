@@ -1,0 +1,206 @@
+"""The one GPU check: every GPU path of kernelloop run on this machine's GPU, ending with one table.
+
+    python scripts/gpu_check.py [--kernelbench DIR] [--work DIR] [--pytest-processes N] [--skip-pytest]
+
+1. `pytest -m gpu`: the GPU tests (N processes, a test file each at a time).
+2. Through the command line (`kernelloop compile|test|bench|profile FILE --backend cuda --json`), four paths:
+   a CUDA template (tf32_wgmma on causal_conv1d), a Triton kernel (example_triton.py on causal_conv1d), a
+   KernelBench level-1 file with a Triton solution (DIR/level1/30_Softsign.py, else a file of the same form from
+   the tests) and the Mamba template (cuda_vectorized on mamba_causal_conv1d). Every compile first, side by side
+   (their builds share one data folder's build cache); then each path's test, bench and profile in turn, so no
+   two timings share the GPU.
+3. A null-suite sample: the first problem of each KernelBench level judged with its own reference as the kernel
+   (scripts/null_suite.py), where DIR is given (else the row says it was not run).
+
+A line is printed as each step ends; the table (path, phase, verdict, seconds) comes last and is written to
+WORK/gpu_check.json. Exit status 0 when every row passed, 1 when any failed or was not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PROBLEMS = REPO / "reference_problems"
+SUBMISSIONS = REPO / "tests" / "submissions"
+PHASES = ("compile", "test", "bench", "profile")
+PHASE_TIMEOUT_S = 420.0
+NULL_SUITE_BAND = (0.9, 1.1)
+
+
+@dataclass(frozen=True)
+class GpuPath:
+    """One way into the GPU: a submission judged against a problem."""
+
+    name: str
+    problem: str
+    submission: Path
+
+
+@dataclass
+class Row:
+    path: str
+    phase: str
+    verdict: str
+    seconds: float
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "passed"
+
+
+def paths(kernelbench: Path | None) -> list[GpuPath]:
+    softsign = kernelbench / "level1" / "30_Softsign.py" if kernelbench else SUBMISSIONS / "kernelbench_softsign.py"
+    mamba = PROBLEMS / "mamba_causal_conv1d" / "templates" / "cuda_vectorized.py"
+    return [
+        GpuPath("cuda template", "causal_conv1d", PROBLEMS / "causal_conv1d" / "templates" / "tf32_wgmma.py"),
+        GpuPath("triton kernel", "causal_conv1d", PROBLEMS / "causal_conv1d" / "example_triton.py"),
+        GpuPath(f"kernelbench {softsign.name}", str(softsign), SUBMISSIONS / "triton_softsign.py"),
+        GpuPath("mamba template", "mamba_causal_conv1d", mamba),
+    ]  # fmt: skip
+
+
+def report(row: Row) -> Row:
+    print(f"gpu-check: {row.path} {row.phase}: {row.verdict} in {row.seconds:.0f} s {row.detail[:200]}", flush=True)
+    return row
+
+
+def run_phase(path: GpuPath, phase: str, data_dir: Path) -> Row:
+    """One `kernelloop PHASE` call through the command line, as a user makes it."""
+    argv = [sys.executable, "-m", "kernelloop", phase, str(path.submission), "--problem", path.problem]
+    argv += ["--backend", "cuda", "--json"]
+    if phase == "bench":
+        argv += ["--time-budget", "1"]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=PHASE_TIMEOUT_S, env=_env(data_dir), cwd=REPO
+        )
+    except subprocess.TimeoutExpired:
+        return report(Row(path.name, phase, "timeout", time.monotonic() - started, f"over {PHASE_TIMEOUT_S:.0f} s"))
+    seconds = time.monotonic() - started
+    try:
+        result = json.loads(done.stdout)
+    except ValueError:
+        detail = f"exit {done.returncode}, no JSON: {done.stderr.strip()[-300:]}"
+        return report(Row(path.name, phase, "error", seconds, detail))
+    return report(Row(path.name, phase, result["status"], seconds, _detail(result)))
+
+
+def _detail(result: dict) -> str:
+    """What a person wants beside the verdict: the speedups of a bench, the kernels of a profile, or the message."""
+    if result.get("status") != "passed":
+        return (result.get("message") or "")[:300]
+    if "geomean_speedup" in result and result.get("shapes"):
+        speedups = ", ".join(f"{s['speedup']:.3f}" for s in result["shapes"] if s.get("speedup") is not None)
+        return f"speedup {speedups}"
+    if "kernels" in result:
+        return f"{len(result['kernels'])} kernel(s) profiled"
+    if "checks" in result:
+        return f"{len(result['checks'])} checks"
+    return ""
+
+
+def run_pytest(processes: int, work: Path) -> Row:
+    """The GPU tests, their output shown as it comes and kept in WORK/pytest_gpu.log (with the slowest tests)."""
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-ra", "--durations=15"]
+    if processes > 0:
+        argv += [f"--numprocesses={processes}", "--dist=loadfile"]
+    started = time.monotonic()
+    lines = []
+    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pytest:
+        assert pytest.stdout is not None
+        for line in pytest.stdout:
+            print(line, end="", flush=True)
+            lines.append(line.rstrip("\n"))
+    code = pytest.returncode
+    seconds = time.monotonic() - started
+    (work / "pytest_gpu.log").write_text("\n".join(lines))
+    summary = next((line for line in reversed(lines) if " in " in line and ("passed" in line or "failed" in line)), "")
+    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    verdict = "passed" if code == 0 and "passed" in summary and " skipped" not in summary else "failed"
+    return report(Row("pytest -m gpu", "tests", verdict, seconds, "; ".join([summary.strip("= "), *failures])))
+
+
+def run_null_sample(kernelbench: Path | None, work: Path) -> Row:
+    if kernelbench is None:
+        return report(Row("null-suite sample", "suite", "not run", 0.0, "no KernelBench folder (--kernelbench DIR)"))
+    started = time.monotonic()
+    sample = work / "null-suite"
+    argv = [sys.executable, str(REPO / "scripts" / "null_suite.py"), str(kernelbench), str(sample)]
+    argv += ["--levels", "level1", "level2", "level3", "--per-level", "1"]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env(sample / "data"))
+    seconds = time.monotonic() - started
+    suite_file = sample / "suite.json"
+    if not suite_file.is_file():
+        return report(Row("null-suite sample", "suite", "error", seconds, done.stderr.strip()[-300:]))
+    entries = json.loads(suite_file.read_text())["suite"]["entries"]
+    off = [
+        f"{e['level']}/{e['problem']}: {e['status']} {e['speedup']}"
+        for e in entries
+        if not (e["correct"] and e["speedup"] is not None and NULL_SUITE_BAND[0] <= e["speedup"] <= NULL_SUITE_BAND[1])
+    ]
+    speedups = ", ".join(f"{e['problem'][:24]} {e['speedup']:.3f}x" for e in entries if e["speedup"] is not None)
+    verdict = "passed" if entries and not off else "failed"
+    return report(Row("null-suite sample", "suite", verdict, seconds, "; ".join(off) or speedups))
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    return {**os.environ, "KERNELLOOP_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'path':30} {'phase':8} {'verdict':14} {'seconds':>7}  detail"]
+    lines += [f"{r.path:30} {r.phase:8} {r.verdict:14} {r.seconds:7.0f}  {r.detail[:90]}" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernelbench", type=Path, help="the folder holding KernelBench's level folders")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/kernelloop-gpu-check"), help="logs, data, table")
+    parser.add_argument("--pytest-processes", type=int, default=4, help="pytest-xdist processes (0: one process)")
+    parser.add_argument("--skip-pytest", action="store_true", help="leave out step 1 (its row says so)")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA GPU is visible here: it checks the GPU paths, so it runs on a GPU machine")
+        return 2
+    if args.kernelbench is not None and not (args.kernelbench / "level1").is_dir():
+        print(f"gpu-check: --kernelbench {args.kernelbench}: no level1 folder there (give KernelBench's folder)")
+        return 2
+    args.work.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(f"gpu-check on {torch.cuda.get_device_name()}: work folder {args.work}", flush=True)
+    skipped = Row("pytest -m gpu", "tests", "not run", 0.0, "--skip-pytest")
+    rows = [skipped if args.skip_pytest else run_pytest(args.pytest_processes, args.work)]
+    data_dir = args.work / "data"
+    chosen = paths(args.kernelbench)
+    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+        compiled = list(pool.map(lambda p: run_phase(p, "compile", data_dir), chosen))
+    for path, compile_row in zip(chosen, compiled):
+        rows.append(compile_row)
+        for phase in PHASES[1:]:
+            rows.append(run_phase(path, phase, data_dir))
+    rows.append(run_null_sample(args.kernelbench, args.work))
+    wall_s = time.monotonic() - started
+    print(table(rows))
+    failed = [r for r in rows if not r.passed]
+    print(f"gpu-check: {len(rows) - len(failed)} of {len(rows)} rows passed in {wall_s:.0f} s")
+    summary = {"wall_s": wall_s, "rows": [asdict(r) for r in rows]}
+    (args.work / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
