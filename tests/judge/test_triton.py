@@ -5,6 +5,10 @@ a Triton causal conv1d and a Triton solution of a KernelBench level-1 file go th
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM, REPO, SUBMISSIONS
@@ -30,15 +34,24 @@ print(f"TRITON kept {_kept}", file=sys.stderr, flush=True)
 """
 
 
-def test_tritons_cache_keeps_a_kernel_inside_the_sandbox_of_a_fenced_problem(kl):
+@pytest.mark.parametrize("data_folder", ["the session's", "under /tmp"])
+def test_tritons_cache_keeps_a_kernel_inside_the_sandbox_of_a_fenced_problem(kl, data_folder):
+    """Wherever the data folder lies: the sandbox mounts a fresh /tmp and binds the job's folder into it."""
     assert load_problem(PROBLEM).forbidden_libraries, "the problem must fence a library for this test to mean much"
     code = WRITES_TRITONS_CACHE + CPU_EXAMPLE
-
-    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
+    settings = kl.settings
+    if data_folder == "under /tmp":
+        settings = settings.model_copy(update={"data_dir": Path(tempfile.mkdtemp(prefix="kernelloop-", dir="/tmp"))})
+    try:
+        result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, settings)
+    finally:
+        if settings is not kl.settings:
+            shutil.rmtree(settings.data_dir, ignore_errors=True)
 
     assert result.status == Status.passed, (result.status, result.message)
     log = result.sandbox.stderr if result.sandbox is not None else ""
     assert "TRITON kept " in log and "/triton-cache/" in log, log[-2000:]
+    assert f"TRITON kept {settings.jobs_dir.resolve()}" in log, log[-2000:]
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU is visible: Triton runs on the H200")
