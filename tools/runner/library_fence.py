@@ -35,6 +35,10 @@ ENTRY_LIBRARIES = {"cudnn": "libcudnn.so"}
 """the library's entry point torch itself links (mapped before the fence; its work is in the fenced files)"""
 
 
+class FenceError(RuntimeError):
+    """A rule of the fence could not be added: the files it was to keep readable would be denied."""
+
+
 class _RulesetAttr(ctypes.Structure):
     _fields_ = [("handled_access_fs", ctypes.c_uint64)]
 
@@ -96,6 +100,8 @@ def fence_off(libraries: list[str], *, before_exec: bool = False) -> str | None:
             _allow(libc, ruleset, path, granted)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
             return f"Landlock did not restrict the runner: {os.strerror(ctypes.get_errno())}"
+    except FenceError as exc:
+        return str(exc)
     finally:
         os.close(ruleset)
     return _still_readable(_aliases(denied))
@@ -180,13 +186,18 @@ def _unescaped(field: str) -> str:
 
 
 def _allow(libc: ctypes.CDLL, ruleset: int, path: Path, access: int) -> None:
+    """Grant `access` beneath `path`; REFER only where it means something, on a folder (Landlock refuses a rule
+    that names it for a file with EINVAL, and a rule refused is a file denied: every other library beside a
+    fenced one, once)."""
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
         return  # gone, or a socket: nothing to read there
     try:
-        rule = _PathBeneathAttr(access, fd)
-        libc.syscall(_LANDLOCK_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0)
+        rights = access if stat.S_ISDIR(os.fstat(fd).st_mode) else access & ~_ACCESS_REFER
+        rule = _PathBeneathAttr(rights, fd)
+        if libc.syscall(_LANDLOCK_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
+            raise FenceError(f"Landlock refused the rule that keeps {path} readable: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(fd)
 
