@@ -42,10 +42,10 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     "so that both sides of a timed call reset the persisting lines alike; a leaf of ctypes calls, no judging in it",
     ("tools/runner", "kernelloop.tools.sandbox.seccomp"): "the runner's guard is a seccomp filter of its own, "
     "built on the sandbox's table of ABIs (AUDIT_ARCH, the x32 bit): one table, so no ABI slips past either filter",
-    ("tools", "kernelloop.tools.compilation.toolchain"): "a problem's spec cache (tools.problems) is keyed on the torch "
-    "version, which the toolchain reads from torch's version file without importing torch",
-    ("tools/judge", "kernelloop.tools.compilation.diagnostics"): "the memory check points compute-sanitizer's cuda.cu:12 "
-    "at the submitted line with the same mapping of load_inline's files that points compiler messages there",
+    ("tools", "kernelloop.tools.compilation.toolchain"): "a problem's spec cache (tools.problems) is keyed on the "
+    "torch version, which the toolchain reads from torch's version file without importing torch",
+    ("tools/judge", "kernelloop.tools.compilation.diagnostics"): "the memory check points compute-sanitizer's "
+    "cuda.cu:12 at the submitted line with the same mapping of load_inline's files that points compiler messages there",
 }
 """Single modules a unit may import from a unit it may not, each with its reason."""
 

@@ -102,7 +102,8 @@ class WorkerJob(BaseModel):
         0, ge=0, le=19, description="how far the worker lowers its own and its runner's CPU priority first (a build)"
     )
     observer_library: str | None = Field(
-        None, description="the operator observer's library as the worker sees it (tools/compilation/observer_library.py)"
+        None,
+        description="the operator observer's library as the worker sees it (tools/compilation/observer_library.py)",
     )
 
 

@@ -109,8 +109,9 @@ class SandboxSettings(BaseSettings):
     )
     parallel_nvcc: bool = Field(
         True,
-        description="builds run a .cu's host and device front ends at the same time (tools/compilation/nvcc_parallel.py): "
-        "a .cu that includes torch/extension.h compiles in about two thirds of nvcc's time; false: nvcc itself",
+        description="builds run a .cu's host and device front ends at the same time "
+        "(tools/compilation/nvcc_parallel.py): a .cu that includes torch/extension.h compiles in about two thirds of "
+        "nvcc's time; false: nvcc itself",
     )
     worker_gpus: str | None = Field(
         None, description="CUDA_VISIBLE_DEVICES for sandboxed workers ('' hides every GPU); None: inherit"

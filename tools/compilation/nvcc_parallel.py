@@ -12,9 +12,9 @@ output in the plan's order, up to the first step that failed.
 The host compile that follows parses cudafe++'s output, which holds every header the .cu included before its
 own code: the same text for every kernel with the same includes (the module id is made from that part and the
 file's name, not from the kernel). When the host keeps a precompiled header of that part
-(`kernelloop.tools.compilation.object_cache`, read-only here, looked up by the hash of the text and the compiler's options),
-the host compile includes it and parses only the kernel's own code; otherwise the part and the options are
-left in the build for the host, which precompiles them in a sandbox of its own for the next build.
+(`kernelloop.tools.compilation.object_cache`, read-only here, looked up by the hash of the text and the
+compiler's options), the host compile includes it and parses only the kernel's own code; otherwise the part and the
+options are left in the build for the host, which precompiles them in a sandbox of its own for the next build.
 
 A build that is not one .cu compiled to one object, or a plan with a step this driver does not know, runs
 through nvcc unchanged. With -v each command is printed before its output, as nvcc prints it. Torch's JIT

@@ -15,9 +15,9 @@ An object is then what compiling that text with those options gives, whoever ask
 to builds without the right to list it: a build opens what it has the key of, the hash of text it holds, and
 cannot read what other submissions' builds left.
 
-A .cu's host compile (`tools/compilation/nvcc_parallel.py`) asks the same way for a precompiled header of the headers' part
-of cudafe++'s output (`KEY.h`: text that still holds an #include of CUDA's runtime header and macros, so its
-include paths and defines are kept, absolute paths only). The host precompiles it with that compiler and those
+A .cu's host compile (`tools/compilation/nvcc_parallel.py`) asks the same way for a precompiled header of the
+headers' part of cudafe++'s output (`KEY.h`: text that still holds an #include of CUDA's runtime header and macros,
+so its include paths and defines are kept, absolute paths only). The host precompiles it with that compiler and those
 options and keeps `KEY.h` and `KEY.h.gch`, the newest `MAX_PRECOMPILED_HEADERS` of them (one of torch's is
 hundreds of megabytes).
 """

@@ -23,9 +23,9 @@ import kernelloop
 
 SANDBOX_UID = 65534  # nobody, inside the sandbox's user namespace
 BUILD_MOUNT = Path("/kernelloop-build")  # the job's build folder, as the worker sees it
-HEADERS_MOUNT = Path("/kernelloop-headers")  # the toolchain's precompiled headers (kernelloop.tools.compilation.header_cache)
-OBSERVER_MOUNT = Path("/kernelloop-observer")  # the operator observer (kernelloop.tools.compilation.observer_library)
-OBJECTS_MOUNT = Path("/kernelloop-objects")  # the toolchain's objects of unchanged sources (tools.object_cache)
+HEADERS_MOUNT = Path("/kernelloop-headers")  # the toolchain's precompiled headers (tools/compilation/header_cache.py)
+OBSERVER_MOUNT = Path("/kernelloop-observer")  # the operator observer (tools/compilation/observer_library.py)
+OBJECTS_MOUNT = Path("/kernelloop-objects")  # objects of unchanged sources (tools/compilation/object_cache.py)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 ETC_FILES = (  # what the dynamic linker, compilers and getpwuid read; /etc/shadow and the like stay out
     "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd", "/etc/group",
