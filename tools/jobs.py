@@ -24,7 +24,11 @@ class EvalOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    shapes: list[str] | None = Field(None, description="names of shapes to use; default: all of the phase's shapes")
+    shapes: list[str] | None = Field(
+        None,
+        description="names of shapes to use, each one of the phase's own (correctness shapes for a test, benchmark "
+        "shapes for a benchmark or a profile, either for evaluate): another name is refused; default: all of them",
+    )
     seeds: int = Field(
         3, ge=1, le=20, description="fresh random input sets per correctness shape (the kernelbench policy: 5 at least)"
     )
@@ -102,7 +106,8 @@ class WorkerJob(BaseModel):
         0, ge=0, le=19, description="how far the worker lowers its own and its runner's CPU priority first (a build)"
     )
     observer_library: str | None = Field(
-        None, description="the operator observer's library as the worker sees it (tools/compilation/observer_library.py)"
+        None,
+        description="the operator observer's library as the worker sees it (tools/compilation/observer_library.py)",
     )
 
 
