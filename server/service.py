@@ -36,8 +36,8 @@ from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import cancel, history, idempotency, problems, queue
 from kernelloop.storage.models import Attempt, Job, Problem, Run
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.phase_registry import PHASES, JobPhase, shape_kinds_of, steps_of
-from kernelloop.tools.problems import ProblemSpec, memory_problem
+from kernelloop.tools.phase_registry import PHASES, JobPhase, steps_of
+from kernelloop.tools.problems import ProblemSpec, ShapeSelectionError, check_shape_names, memory_problem
 from kernelloop.tools.results import Backend
 
 log = logging.getLogger("kernelloop.server")
@@ -380,31 +380,18 @@ def _same_problem(session: Session, name: str, source: str, conflict: str, fix: 
 
 
 def _check_shapes(spec: ProblemSpec, phase: JobPhase, backend: Backend, options: EvalOptions) -> None:
-    """options.shapes must name shapes of this problem on this backend, and leave each phase something to do."""
-    if options.shapes is None:
-        return
-    usable = [s for s in spec.shapes if backend in s.backends]
-    names = {s.name for s in usable}
-    unknown = [n for n in options.shapes if n not in names]
-    if unknown:
+    """options.shapes must name shapes the phase runs of this problem on this backend, and leave it something to do
+    (the tools and the command line refuse the same names in the same words)."""
+    try:
+        check_shape_names(spec, phase, backend, options.shapes)
+    except ShapeSelectionError as exc:
         raise ApiError(
             422,
-            "unknown_shape",
-            f"{spec.name} has no shape {unknown[0]!r} on the {backend} backend",
+            "unknown_shape" if exc.unknown else "no_shape_for_phase",
+            str(exc),
             field="body.options.shapes",
-            fix=f"use names from: {', '.join(sorted(names))}",
-        )
-    chosen = [s for s in usable if s.name in options.shapes]
-    for kind in shape_kinds_of(phase):
-        if not any(getattr(s, kind) for s in chosen):
-            offered = [s.name for s in usable if getattr(s, kind)]
-            raise ApiError(
-                422,
-                "no_shape_for_phase",
-                f"options.shapes selects no {kind} shape on {backend}",
-                field="body.options.shapes",
-                fix=f"add one of: {', '.join(offered)}",
-            )
+            fix="use names the message lists, or leave options.shapes out for all of them",
+        ) from exc
 
 
 def _check_lane_bounds(

@@ -207,6 +207,17 @@ def cpu_correctness_shapes() -> list[str]:
     return [s.name for s in load_problem(PROBLEM).correctness_shapes("cpu")]
 
 
+def shape_names(kind: str, backend: str) -> list[str]:
+    """PROBLEM's shapes of `kind` (correctness or benchmark) on `backend`."""
+    return [s.name for s in load_problem(PROBLEM).shapes if backend in s.backends and getattr(s, kind)]
+
+
+def shape_of_kind_only(kind: str, backend: str) -> str:
+    """A shape of PROBLEM on `backend` of `kind` and not the other: a benchmark-only or a correctness-only one."""
+    other = "correctness" if kind == "benchmark" else "benchmark"
+    return next(name for name in shape_names(kind, backend) if name not in shape_names(other, backend))
+
+
 def fresh_interpreter(code: str) -> list[str]:
     """Run Python code in a new interpreter (nothing imported yet, the root logger bare) and return the lines it
     printed; it must succeed."""

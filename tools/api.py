@@ -3,7 +3,8 @@
 Each builds a `Step`, runs it in a fresh sandboxed worker (`run_phase`, which the service's executors call too),
 and returns the worker's verdict. When the worker dies or hangs, the verdict is made here from the last result it
 sent and how it ended, so the caller always gets a result object and never an exception for anything the
-submission did.
+submission did. A call that is wrong itself (an unknown problem, shape names the phase does not have) raises
+ProblemError before any worker starts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from typing import cast
 from kernelloop.tools.compilation import build_cache, object_cache, toolchain, verdict_cache
 from kernelloop.tools.jobs import EvalOptions, Step, WorkerJob, WorkerReply
 from kernelloop.tools.phase_registry import PHASES, Phase
-from kernelloop.tools.problems import ProblemError, ProblemSpec, job_dtype, load_problem, memory_problem
+from kernelloop.tools.problems import (
+    ProblemSpec,
+    check_shape_coverage,
+    check_shape_names,
+    job_dtype,
+    load_problem,
+    memory_problem,
+)
 from kernelloop.tools.results import (
     Backend,
     BenchmarkResult,
@@ -90,24 +98,11 @@ def profile_kernel(
     on_progress: Progress | None = None,
 ) -> ProfileResult:
     """Compile, then profile one forward of ModelNew under Nsight Compute on the benchmark shape named `shape`
-    (default: the problem's first): what the hardware saw, per kernel, and a summary. Advice, not a verdict.
-    An unknown shape name raises ProblemError, naming the benchmark shapes there are."""
-    step = make_step("profile", problem, code, backend, options)
+    (default: the problem's first): what the hardware saw, per kernel, and a summary. Advice, not a verdict."""
     if shape is not None:
-        step.options = step.options.model_copy(update={"shapes": profile_shapes(step.problem, step.backend, shape)})
+        options = (options or EvalOptions()).model_copy(update={"shapes": [shape]})
+    step = make_step("profile", problem, code, backend, options)
     return cast(ProfileResult, run_phase(step, settings, on_progress))
-
-
-def profile_shapes(problem: ProblemSpec, backend: Backend, shape: str) -> list[str]:
-    """`options.shapes` for a profile of the benchmark shape `shape`; ProblemError naming the benchmark shapes
-    there are when it is not one of them."""
-    known = [s.name for s in problem.benchmark_shapes(backend)]
-    if shape not in known:
-        raise ProblemError(
-            f"problem {problem.name!r} has no benchmark shape {shape!r} on the {backend} backend: "
-            f"use one of {', '.join(known) or 'none'}"
-        )
-    return [shape]
 
 
 def make_step(
@@ -118,14 +113,17 @@ def make_step(
     options: EvalOptions | None = None,
 ) -> Step:
     """A step from a tool call's arguments: the problem by name or as a spec, the backend by default this host's
-    (`default_backend`), the options by default `EvalOptions()`."""
-    return Step(
+    (`default_backend`), the options by default `EvalOptions()`. Shape names the phase does not have raise
+    ShapeSelectionError (`check_shape_names`), as the service answers 422 and the command line exits 2."""
+    step = Step(
         phase=phase,
         problem=load_problem(problem) if isinstance(problem, str) else problem,
         code=code,
         backend=backend or default_backend(),
         options=options or EvalOptions(),
     )
+    check_shape_names(step.problem, phase, step.backend, step.options.shapes)
+    return step
 
 
 def build_key(code: str, backend: Backend, settings: SandboxSettings) -> str:
@@ -141,7 +139,9 @@ def run_phase(
     pool: WorkerPool | None = None,
 ) -> PhaseResult:
     """Run one step in a sandboxed worker: what the tools above and the service's executor call (with its pool
-    of workers started ahead)."""
+    of workers started ahead). A step that would judge no shape (a test of no check would pass) raises
+    ShapeSelectionError before any worker starts, however it was made."""
+    check_shape_coverage(step.problem, step.phase, step.backend, step.options.shapes)
     result = _run_phase(step, settings or get_sandbox_settings(), on_progress, pool)
     result.dtype = job_dtype(step.problem, step.options.precision)
     return result

@@ -24,7 +24,11 @@ class EvalOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    shapes: list[str] | None = Field(None, description="names of shapes to use; default: all of the phase's shapes")
+    shapes: list[str] | None = Field(
+        None,
+        description="names of shapes to use, each one of the phase's own (correctness shapes for a test, benchmark "
+        "shapes for a benchmark or a profile, either for evaluate): another name is refused; default: all of them",
+    )
     seeds: int = Field(
         3, ge=1, le=20, description="fresh random input sets per correctness shape (the kernelbench policy: 5 at least)"
     )

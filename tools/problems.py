@@ -24,6 +24,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
@@ -31,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from kernelloop.tools.compilation import toolchain
+from kernelloop.tools.phase_registry import JobPhase, shape_kinds_of
 from kernelloop.tools.results import Backend, TolerancePolicy
 
 PROBLEMS_DIR = Path(__file__).resolve().parent.parent / "reference_problems"
@@ -271,6 +273,65 @@ def memory_problem(problem: ProblemSpec, backend: Backend, limit_bytes: int, whe
                 f"GiB), over the {limit_bytes / 2**30:.1f} GiB of {where}"
             )
     return None
+
+
+class ShapeSelectionError(ProblemError):
+    """Shape names asked for (`options.shapes`, `--shapes`) that a phase cannot run as asked. `unknown`: the names
+    that are no shape of the phase's kinds; empty when every name is known but a kind the phase needs has none."""
+
+    def __init__(self, message: str, unknown: Sequence[str] = ()):
+        super().__init__(message)
+        self.unknown = list(unknown)
+
+
+def check_shape_names(problem: ProblemSpec, phase: JobPhase, backend: Backend, names: Sequence[str] | None) -> None:
+    """What every surface asks before a job is made: each of `names` (a call's `options.shapes`; None: all) is a
+    shape of the problem on `backend` of a kind the phase runs (correctness for a test, benchmark for a benchmark
+    or a profile, either for evaluate, any for a compile), and each kind keeps one (`check_shape_coverage`).
+    ShapeSelectionError naming the unknown names and the phase's shapes otherwise: a test that ran no check
+    would pass."""
+    offered = _offered_shapes(problem, phase, backend)
+    known = {name for kind_names in offered.values() for name in kind_names}
+    unknown = [name for name in names or () if name not in known]
+    if unknown:
+        kinds = " or ".join(kind for kind in offered if kind)
+        raise ShapeSelectionError(
+            f"{problem.name} has no {kinds + ' ' if kinds else ''}shape{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(repr, unknown))} on the {backend} backend: {_listing(offered)}",
+            unknown,
+        )
+    check_shape_coverage(problem, phase, backend, names)
+
+
+def check_shape_coverage(problem: ProblemSpec, phase: JobPhase, backend: Backend, names: Sequence[str] | None) -> None:
+    """Each kind of shape the phase needs keeps at least one of `names` (None: all the problem's): a step that would
+    judge nothing raises ShapeSelectionError. Names of another kind pass here (an evaluate's test step is handed
+    its benchmark shapes too): `check_shape_names` refuses those up front."""
+    for kind, kind_names in _offered_shapes(problem, phase, backend).items():
+        if not kind or any(names is None or name in names for name in kind_names):
+            continue
+        if names is None:
+            raise ShapeSelectionError(f"{problem.name} has no {kind} shape on the {backend} backend")
+        raise ShapeSelectionError(
+            f"the shapes asked for ({', '.join(names) or 'none'}) include no {kind} shape of {problem.name} on the "
+            f"{backend} backend: {_listing({kind: kind_names})}"
+        )
+
+
+def _offered_shapes(problem: ProblemSpec, phase: JobPhase, backend: Backend) -> dict[str, list[str]]:
+    """The names of the problem's shapes on `backend`, by the kinds the phase runs (a compile: every shape, as "")."""
+    on_backend = [s for s in problem.shapes if backend in s.backends]
+    kinds = shape_kinds_of(phase)
+    if not kinds:
+        return {"": [s.name for s in on_backend]}
+    return {kind: [s.name for s in on_backend if getattr(s, kind)] for kind in kinds}
+
+
+def _listing(offered: dict[str, list[str]]) -> str:
+    """`its correctness shapes there: small, k1` (and `; its benchmark shapes there: ...`)."""
+    return "; ".join(
+        f"its {kind + ' ' if kind else ''}shapes there: {', '.join(names) or 'none'}" for kind, names in offered.items()
+    )
 
 
 def _shapes_from_metadata(module: ModuleType, path: Path) -> list[ShapeSpec]:

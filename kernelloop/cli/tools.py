@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from kernelloop.cli.live_line import LiveLine
-from kernelloop.tools.api import benchmark, default_backend, make_step, profile_shapes, run_phase, run_tests
+from kernelloop.tools.api import benchmark, default_backend, make_step, run_phase, run_tests
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import PHASES
 from kernelloop.tools.problems import (
@@ -18,6 +18,7 @@ from kernelloop.tools.problems import (
     PRECISIONS,
     PROBLEMS_DIR,
     ProblemError,
+    ShapeSelectionError,
     describe_policy,
     load_problem,
 )
@@ -138,16 +139,9 @@ def _run_tool(args: argparse.Namespace) -> int:
     except ProblemError as exc:
         print(f"kernelloop: --problem: {exc}", file=sys.stderr)
         return 2
-    backend = args.backend or default_backend()
-    shapes = args.shapes
-    if getattr(args, "shape", None):
-        try:
-            shapes = profile_shapes(problem, backend, args.shape)
-        except ProblemError as exc:
-            print(f"kernelloop: --shape: {exc}", file=sys.stderr)
-            return 2
+    chosen = getattr(args, "shape", None)  # profile's one shape
     options = EvalOptions(
-        shapes=shapes,
+        shapes=[chosen] if chosen else args.shapes,
         seeds=args.seeds,
         seed=args.seed,
         memory_check=not args.no_memory_check,
@@ -157,8 +151,12 @@ def _run_tool(args: argparse.Namespace) -> int:
         policy=args.policy,
         precision=args.precision,
     )
+    try:
+        step = make_step(args.phase, problem, path.read_text(), args.backend, options)
+    except ShapeSelectionError as exc:
+        print(f"kernelloop: {'--shape' if chosen else '--shapes'}: {exc}", file=sys.stderr)
+        return 2
     with LiveLine(args.phase, sys.stderr) as live:
-        step = make_step(args.phase, problem, path.read_text(), backend, options)
         result = run_phase(step, on_progress=live.update)
     print(result.model_dump_json(indent=2) if args.json else format_result(result))
     return 0 if result.status == Status.passed else 1
@@ -186,7 +184,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--problem", required=True, help="shipped problem name (e.g. causal_conv1d) or a problem file")
         p.add_argument("--backend", choices=["cuda", "cpu"], help="default: cuda if a GPU is visible, else cpu")
         p.add_argument("--json", action="store_true", help="print the full result as JSON")
-        p.add_argument("--shapes", nargs="+", help="only these shape names")
+        p.add_argument(
+            "--shapes",
+            nargs="+",
+            help="only these of the phase's shapes (test: correctness shapes; bench, profile: benchmark)",
+        )
         p.add_argument("--seeds", type=int, default=3, help="random input sets per correctness shape (test)")
         p.add_argument("--seed", type=int, help="pin the judge's seeds to rerun a failure (a result lists its seeds)")
         p.add_argument("--torch-compile", action="store_true", help="also time torch.compile(Model) (bench)")

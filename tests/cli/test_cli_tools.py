@@ -7,7 +7,8 @@ import os
 import re
 import subprocess
 
-from conftest import PROBLEM, fresh_interpreter, run_kernelloop
+import pytest
+from conftest import PROBLEM, fresh_interpreter, run_kernelloop, shape_names, shape_of_kind_only
 
 
 def _kernelloop(kl, *args: str) -> subprocess.CompletedProcess[str]:
@@ -64,6 +65,29 @@ def test_cli_unknown_problem_exits_2_naming_the_option(kl):
 
     assert out.returncode == 2
     assert "--problem" in out.stderr and "no_such_problem" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "backend", "asked", "kind"),
+    [
+        ("test", "cpu", "nosuch", "correctness"),
+        ("test", "cpu", shape_of_kind_only("benchmark", "cpu"), "correctness"),
+        ("bench", "cpu", shape_of_kind_only("correctness", "cpu"), "benchmark"),
+        ("profile", "cuda", shape_of_kind_only("correctness", "cuda"), "benchmark"),
+    ],
+)
+def test_cli_a_shape_the_phase_does_not_have_exits_2_naming_it_and_the_phase_shapes(
+    kl, command: str, backend: str, asked: str, kind: str
+) -> None:
+    # it ran no check and printed PASSED, exit 0: a CI gate trusting the exit status passed any kernel
+    path = kl.root / "correct.py"
+    path.write_text(kl.helper_candidate("conv_correct"))
+    out = _kernelloop(kl, command, str(path), "--problem", PROBLEM, "--backend", backend, "--shapes", asked)
+
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("kernelloop: --shapes: ") and f"no {kind} shape {asked!r}" in out.stderr
+    assert all(name in out.stderr for name in shape_names(kind, backend)), out.stderr
 
 
 def test_a_tool_command_imports_only_its_own_group() -> None:

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ONE_CHECK, PROBLEM, SUBMISSIONS, cpu_correctness_shapes, line_of
+from conftest import ONE_CHECK, PROBLEM, SUBMISSIONS, cpu_correctness_shapes, line_of, shape_names, shape_of_kind_only
 
 from kernelloop.tools import api
-from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.problems import import_problem_module, load_problem
+from kernelloop.tools.jobs import EvalOptions, Step
+from kernelloop.tools.problems import ProblemError, import_problem_module, load_problem
 from kernelloop.tools.results import Status
 
 SPLIT_CUDA_KERNEL = (SUBMISSIONS / "split_causal_conv1d.py").read_text()
@@ -48,6 +48,34 @@ def test_correct_kernel_passes_every_cpu_shape_and_seed(kl):
     parts = [result.step_seconds[f"checks.{part}"] for part in ("expected", "share", "calls", "compare")]
     assert all(seconds > 0 for seconds in parts), result.step_seconds
     assert sum(parts) <= result.step_seconds["checks"] <= sum(parts) + 0.5, result.step_seconds
+
+
+@pytest.mark.parametrize(
+    ("tool", "asked", "kind"),
+    [
+        (api.run_tests, "nosuch", "correctness"),
+        (api.run_tests, shape_of_kind_only("benchmark", "cpu"), "correctness"),
+        (api.benchmark, shape_of_kind_only("correctness", "cpu"), "benchmark"),
+    ],
+)
+def test_a_call_for_shapes_the_phase_does_not_have_is_refused_never_passed(kl, tool, asked: str, kind: str):
+    # a test of no check passed ("0 checks passed"), as did a benchmark that timed nothing
+    with pytest.raises(ProblemError) as refused:
+        result = tool(PROBLEM, kl.helper_candidate("conv_correct"), "cpu", EvalOptions(shapes=[asked]), kl.settings)
+        pytest.fail(f"not refused: {result.status.value} ({result.message!r})")
+    assert f"no {kind} shape {asked!r}" in str(refused.value), refused.value
+    assert all(name in str(refused.value) for name in shape_names(kind, "cpu")), refused.value
+
+
+def test_a_step_made_by_hand_that_would_judge_nothing_is_refused_never_passed(kl):
+    code = kl.helper_candidate("conv_correct")
+    options = EvalOptions(shapes=["nosuch"], seeds=1)  # as no tool or surface lets through
+    step = Step(phase="test", problem=load_problem(PROBLEM), code=code, backend="cpu", options=options)
+    with pytest.raises(ProblemError) as refused:
+        result = api.run_phase(step, kl.settings)
+        pytest.fail(f"not refused: {result.status.value} ({result.message!r})")
+    assert "no correctness shape" in str(refused.value), refused.value
+    assert all(name in str(refused.value) for name in shape_names("correctness", "cpu")), refused.value
 
 
 def test_off_by_one_kernel_is_wrong_result_with_first_mismatch(kl):

@@ -7,6 +7,7 @@ every later job finds the build in the shared cache. Each bad input gets a 4xx n
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import run_kernelloop
+from conftest import CPU_EXAMPLE, PROBLEM, run_kernelloop, shape_names, shape_of_kind_only
 from server_fixtures import (
     COUNTED_EVAL,
     QUICK_EVAL,
@@ -35,6 +36,7 @@ from kernelloop.storage import history, problems
 from kernelloop.storage.database import database_url, open_database
 from kernelloop.storage.models import SCHEMA_VERSION, Attempt, utcnow
 from kernelloop.tools.compilation.toolchain import gpu_arch
+from kernelloop.tools.phase_registry import PHASES
 from kernelloop.tools.results import CompileResult, Status, TestResult
 
 HAS_GPU = gpu_arch() is not None
@@ -307,7 +309,8 @@ def test_a_narrowed_test_is_kept_but_never_marks_an_attempt_correct(api: httpx.C
 
 
 def test_benchmark_tool(api: httpx.Client) -> None:
-    job = api.post("/v1/benchmark", json=submission(options=QUICK_EVAL)).json()
+    timed = {**QUICK_EVAL, "shapes": shape_names("benchmark", "cpu")[:1]}  # a benchmark takes benchmark shapes alone
+    job = api.post("/v1/benchmark", json=submission(options=timed)).json()
     assert job["outcome"] == "passed" and job["results"][0]["shapes"][0]["speedup"] > 0
 
 
@@ -674,7 +677,7 @@ def test_a_forged_problem_check_reply_keeps_the_name_and_source_that_were_sent(
             {"problem": "causal_conv1d", "code": "x", "options": {"shapes": ["nope"]}},
             422,
             "body.options.shapes",
-            "no shape",
+            "no correctness shape 'nope'",
         ),
         ({"problem": "causal_conv1d", "code": "x", "run_id": 987654}, 422, "body.run_id", "no run"),
         (
@@ -745,11 +748,35 @@ def test_unknown_fields_in_runs_and_problems_are_refused(api: httpx.Client) -> N
     _error(api.post("/v1/problems", json={"name": "x_y", "source": "x", "sorce": "y"}), 422, "body.sorce")
 
 
-def test_benchmark_shapes_must_include_one_to_time(api: httpx.Client) -> None:
-    answer = _error(
-        api.post("/v1/benchmark", json=submission(options={"shapes": ["small"]})), 422, "body.options.shapes"
+@pytest.mark.parametrize(
+    ("tool", "asked", "kind"),
+    [
+        ("test", "nosuch", "correctness"),
+        ("test", shape_of_kind_only("benchmark", "cpu"), "correctness"),
+        ("benchmark", shape_of_kind_only("correctness", "cpu"), "benchmark"),
+        ("benchmark", "nosuch", "benchmark"),
+    ],
+)
+def test_a_shape_the_phase_does_not_have_is_a_422_in_the_command_lines_words(
+    api: httpx.Client, tmp_path: Path, tool: str, asked: str, kind: str
+) -> None:
+    answer = _error(api.post(f"/v1/{tool}", json=submission(options={"shapes": [asked]})), 422, "body.options.shapes")
+    assert f"no {kind} shape {asked!r}" in answer["message"], answer
+    assert all(name in answer["message"] for name in shape_names(kind, "cpu")), answer
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(CPU_EXAMPLE)
+    env = {**os.environ, "KERNELLOOP_DATA_DIR": str(tmp_path / "data")}
+    cli = run_kernelloop(
+        PHASES[tool].command, str(kernel), "--problem", PROBLEM, "--backend", "cpu", "--shapes", asked, env=env
     )
-    assert "cpu_b4_c64_o64_k3_d1_l8192" in answer["fix"]
+    assert cli.returncode == 2 and cli.stderr == f"kernelloop: --shapes: {answer['message']}\n", cli.stderr
+
+
+def test_an_evaluate_needs_a_shape_of_each_kind(api: httpx.Client) -> None:
+    only_one = {"shapes": [shape_of_kind_only("correctness", "cpu")]}
+    answer = _error(api.post("/v1/evaluate", json=submission(options=only_one)), 422, "body.options.shapes")
+    assert answer["error"] == "no_shape_for_phase" and "no benchmark shape" in answer["message"], answer
+    assert all(name in answer["message"] for name in shape_names("benchmark", "cpu")), answer
 
 
 def test_malformed_json_and_oversize_bodies(api: httpx.Client) -> None:

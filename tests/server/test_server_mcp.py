@@ -14,11 +14,13 @@ import anyio
 import httpx
 import httpx2
 import pytest
-from conftest import CPU_EXAMPLE, PROBLEM, fresh_interpreter, line_of
+from conftest import CPU_EXAMPLE, PROBLEM, fresh_interpreter, line_of, shape_names, shape_of_kind_only
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from server_fixtures import TOKEN, ServiceProcess, python_conv
+
+from kernelloop.tools.phase_registry import TOOLS as TOOLS_BY_NAME
 
 TOOLS = {"compile_kernel", "run_tests", "benchmark", "evaluate", "list_problems", "get_problem", "get_attempt"}
 QUICK = {"seeds": 1, "time_budget_s": 0.2, "min_samples": 3, "max_samples": 20}
@@ -90,6 +92,34 @@ def test_over_http_the_cpu_example_evaluates_and_its_attempt_reads_back_as_a_res
     assert attempt["id"] == job["attempt_id"] and attempt["status"] == "passed"
     assert {e["kind"] for e in attempt["evaluations"]} == {"compile", "test", "benchmark"}
     assert PROBLEM in {p["name"] for p in problems.structured_content["items"]}
+
+
+def test_both_transports_refuse_a_shape_the_phase_does_not_have_as_the_http_api_does(service: ServiceProcess) -> None:
+    calls = {
+        "run_tests": (["nosuch"], "correctness"),
+        "benchmark": ([shape_of_kind_only("correctness", "cpu")], "benchmark"),
+    }
+
+    async def main(client: Client) -> dict:
+        async with client:
+            return {
+                tool: await client.call_tool(
+                    tool, {"problem": PROBLEM, "code": CPU_EXAMPLE, "backend": "cpu", "options": {"shapes": shapes}}
+                )
+                for tool, (shapes, _kind) in calls.items()
+            }
+
+    for transport in (_stdio, _http):
+        answers = anyio.run(main, transport(service))
+        for tool, (shapes, kind) in calls.items():
+            body = {"problem": PROBLEM, "code": CPU_EXAMPLE, "backend": "cpu", "options": {"shapes": shapes}}
+            with service.client() as api:
+                http = api.post(TOOLS_BY_NAME[tool].endpoint, json=body).json()
+            text = answers[tool].content[0].text
+            assert answers[tool].is_error and text.startswith(f"422 {http['error']} ("), text
+            assert "options.shapes): " in text, text  # the field as the transport names it (over HTTP, no body.)
+            assert http["message"] in text and f"no {kind} shape {shapes[0]!r}" in text, text
+            assert all(name in text for name in shape_names(kind, "cpu")), text
 
 
 def test_a_client_that_leaves_mid_call_cancels_its_job(service: ServiceProcess) -> None:
