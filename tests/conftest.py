@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,6 +226,21 @@ def fresh_interpreter(code: str) -> list[str]:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()
+
+
+@contextmanager
+def busy_cores(per_core: int = 2) -> Iterator[None]:
+    """Host load while the block runs: `per_core` busy-looping processes for each core (by default a load average
+    of twice the cores), killed when it is left."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(per_core * (os.cpu_count() or 1))
+    ]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def run_kernelloop(

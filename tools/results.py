@@ -288,6 +288,12 @@ class ShapeBenchmark(BaseModel):
     unaccounted_ms: float | None = Field(
         None, description="median of envelope minus the candidate's reported time: near zero for an honest timer"
     )
+    host_slowdown: float | None = Field(
+        None,
+        description="the host's load as the judge measured it on the CPU: its own threads' CPU time plus their wait "
+        "for a core, over their CPU time, while it timed the reference with the candidate's processes stopped (1.0 "
+        "on an idle host); the envelope's margin is widened by it (up to a cap). None on the GPU",
+    )
 
 
 class BenchmarkResult(PhaseResult):

@@ -10,14 +10,18 @@ The judge times what it trusts (the reference, torch.compile of it) itself, as `
 does: a short GPU spin lets the host launch ahead, then start event, call, end event. Before every sample
 of any subject, on the GPU, L2 is flushed (a write of twice its size) and persisting L2 lines are reset.
 The candidate is timed by its runner, and that time is only believed within what the judge's own wall
-clock around the call (the envelope) can account for.
+clock around the call (the envelope) can account for. On the CPU, the judge also counts what the host's other
+work cost its own timed calls (`HostLoad`), by which the envelope's margin is widened.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +44,46 @@ def summarize(samples_ms: list[float]) -> Timing:
     )
 
 
+@dataclass
+class HostLoad:
+    """What the host's other work cost the judge's own timed calls on the CPU: the CPU time its threads got and
+    how long they waited, runnable, for a core (the kernel's counters in /proc/self/task/*/schedstat). The judge
+    times trusted code with every process of the candidate's stopped, so nothing the candidate runs can add to
+    either: the wait is the host's, and it stretches the candidate's calls alike."""
+
+    run_ms: float = 0.0
+    wait_ms: float = 0.0
+
+    @property
+    def slowdown(self) -> float | None:
+        """(run + wait) / run: how many times longer the judge's threads took to get the CPU time they used than
+        on an idle host; None when nothing was measured (no such counters, or no call timed on the CPU)."""
+        return (self.run_ms + self.wait_ms) / self.run_ms if self.run_ms > 0 else None
+
+    @contextmanager
+    def measuring(self) -> Iterator[None]:
+        """Add this process's threads' CPU time and run-queue wait over the block (a thread that started or ended
+        meanwhile is left out)."""
+        before = _thread_times_ns()
+        yield
+        for thread, (run, wait) in _thread_times_ns().items():
+            if thread in before:
+                self.run_ms += (run - before[thread][0]) / 1e6
+                self.wait_ms += (wait - before[thread][1]) / 1e6
+
+
+def _thread_times_ns() -> dict[str, tuple[int, int]]:
+    """Each thread of this process: its CPU time and its run-queue wait so far, in nanoseconds (none off Linux)."""
+    times = {}
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            run, wait = (task / "schedstat").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+        times[task.name] = (int(run), int(wait))
+    return times
+
+
 class Clock:
     """The judge's clock on one device: `time` for trusted callables, `clear` before a runner's call."""
 
@@ -59,12 +103,15 @@ class Clock:
             self.reset_l2()
             torch.cuda.synchronize()
 
-    def time(self, call: Callable[[], Any]) -> tuple[float, Any]:
-        """Milliseconds of one call of trusted code, and what it returned."""
+    def time(self, call: Callable[[], Any], load: HostLoad | None = None) -> tuple[float, Any]:
+        """Milliseconds of one call of trusted code, and what it returned; on the CPU, what the host's load cost
+        the call is added to `load` (on the GPU the time is the device's, which the host's load does not stretch)."""
         if self.flush_buffer is None:
-            started = time.perf_counter()
-            out = call()
-            return (time.perf_counter() - started) * 1e3, out
+            with load.measuring() if load is not None else nullcontext():
+                started = time.perf_counter()
+                out = call()
+                elapsed = (time.perf_counter() - started) * 1e3
+            return elapsed, out
         self.flush_buffer.zero_()
         self.reset_l2()
         torch.cuda._sleep(SLEEP_CYCLES)
