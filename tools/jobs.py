@@ -98,6 +98,9 @@ class WorkerJob(BaseModel):
     cache_key: str
     cache_hit: bool
     sent_at: float = Field(description="time.time() when the caller handed the job over: the worker's start-up")
+    build_timeout_s: float = Field(
+        600.0, gt=0, description="wall-clock limit of the build and import of the submission (settings.build_timeout_s)"
+    )
     nice: int = Field(
         0, ge=0, le=19, description="how far the worker lowers its own and its runner's CPU priority first (a build)"
     )

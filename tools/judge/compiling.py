@@ -8,6 +8,7 @@ message, never as an exception out of the judge.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -113,12 +114,20 @@ def load(session: Session, result: CompileResult) -> CompileResult:
         compile_only=step.phase == "compile",
         epoch=session.operators.new_token() if session.operators is not None else "",
     )
+    limit_s = job.build_timeout_s
+    started = time.monotonic()
     try:
         with stopwatch(result, "load"):
-            loaded = session.link.ask(request, Loaded, None, idle_limit_s=LOAD_IDLE_LIMIT_S).compile
+            loaded = session.link.ask(request, Loaded, limit_s, idle_limit_s=LOAD_IDLE_LIMIT_S).compile
     except RunnerFailed as exc:
         result.status = Status.timeout if exc.how == "timeout" else Status.runtime_error
         result.message = f"{exc} while building or importing the submission"
+        if exc.how == "timeout" and time.monotonic() - started >= limit_s:
+            result.message = (
+                f"the build and import of the submission ran past their limit of {limit_s:.0f} s "
+                "(KERNELLOOP_BUILD_TIMEOUT_S): the candidate's process was killed, its build with the job; make the "
+                "build finish sooner (fewer or smaller sources, no step that waits)"
+            )
         return result
     # what the runner may not speak for: which job, which problem, which cache entry, which device
     loaded.problem, loaded.backend, loaded.cache_key, loaded.cache_hit = (
