@@ -19,7 +19,7 @@ from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.judge.inputs import SeedSource
 from kernelloop.tools.judge.operator_log import OperatorLog, Tampered
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
-from kernelloop.tools.judge.session import DTYPES, Report, Session, device_of, stopwatch
+from kernelloop.tools.judge.session import DTYPES, Fail, Report, Session, device_of, stopwatch
 from kernelloop.tools.problems import import_problem_module, job_dtype, verdict_policy
 from kernelloop.tools.results import CompileResult, Status
 from kernelloop.tools.runner.messages import Load, Loaded, Start, Started
@@ -134,6 +134,11 @@ def load(session: Session, result: CompileResult) -> CompileResult:
         step.problem.name, step.backend, job.cache_key, job.cache_hit,
     )  # fmt: skip
     loaded.device, loaded.step_seconds = result.device, result.step_seconds
+    if loaded.status == Status.passed:
+        try:
+            session.refuse_library_copies()
+        except Fail as exc:
+            loaded.status, loaded.message = exc.status, exc.message
     if session.operators is not None and loaded.status == Status.passed:
         try:
             session.operators.expect_epoch(request.epoch)
