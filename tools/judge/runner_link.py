@@ -32,6 +32,7 @@ from typing import Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, Field
 
+from kernelloop.tools.jobs import FREEZER_FDS_VARIABLE, FreezerFiles
 from kernelloop.tools.runner import guard
 from kernelloop.tools.runner.channel import Channel, ChannelBroken, ChannelTimeout
 from kernelloop.tools.runner.messages import Finish, Finished, Reply, ReplyEnvelope, Request, RequestEnvelope
@@ -89,21 +90,28 @@ class ForkedRunner:
             os.kill(self.pid, signal.SIGKILL)
 
 
-FreezerKind = Literal["pid_namespace", "process_group"]
+FreezerKind = Literal["cgroup", "pid_namespace", "process_group"]
+FROZEN_WITHIN_S = 1.0
+"""how long the judge waits for a cgroup to report every process frozen (one in the kernel, e.g. in a long
+uninterruptible call, freezes on its way out of it)"""
 
 
 class Freezer:
     """Stops every process of the candidate's while the judge times what it trusts, so none of them can spin on
     the cores, signal or allocate meanwhile.
 
-    In the sandbox (`pid_namespace`) the judge is the process bubblewrap started in a pid namespace of the job's
-    own, and `kill(-1, SIGSTOP)` stops every process of that namespace but the caller and its init (bubblewrap's,
-    which only waits). The kernel sends a signal to every process in one pass that a concurrent fork cannot
-    outrun (a child being forked meanwhile gets it too), so no chain of short-lived processes, each cloning its
-    successor and exiting, keeps running: a walk of /proc, stopping the processes it listed, always misses the
-    one born after the listing. The judge's own helpers (torch.compile's workers; a GPU tool's process) are in
-    the judge's process group, which no process of the candidate's can join (the runner leaves it at the fork
-    and its guard refuses a way back): they are resumed at once, and so is nothing else. `thaw` resumes the
+    Where the service gave the job a freezer (`cgroup`: a v2 cgroup the runner was moved into at its fork, so every
+    process of the candidate's is in it, and none can leave: the sandbox shows no cgroup file system), the judge
+    writes 1 to its `cgroup.freeze` and waits for `cgroup.events` to say `frozen 1`.
+
+    Elsewhere in the sandbox (`pid_namespace`) the judge is the process bubblewrap started in a pid namespace of
+    the job's own, and `kill(-1, SIGSTOP)` stops every process of that namespace but the caller and its init
+    (bubblewrap's, which only waits). The kernel sends a signal to every process in one pass that a concurrent
+    fork cannot outrun (a child being forked meanwhile gets it too), so no chain of short-lived processes, each
+    cloning its successor and exiting, keeps running: a walk of /proc, stopping the processes it listed, always
+    misses the one born after the listing. The judge's own helpers (torch.compile's workers; a GPU tool's process)
+    are in the judge's process group, which no process of the candidate's can join (the runner leaves it at the
+    fork and its guard refuses a way back): they are resumed at once, and so is nothing else. `thaw` resumes the
     namespace with `kill(-1, SIGCONT)`: a process of the candidate's that was stopped before the freeze (by the
     candidate) is resumed too, which changes nothing the judge relies on.
 
@@ -111,15 +119,24 @@ class Freezer:
     kill(-1) would stop the host's processes), only the runner's process group is stopped: submitted code runs
     with the service's rights there, and a process of its own session escapes the freeze."""
 
-    def __init__(self, runner: ForkedRunner):
-        self.runner = runner
-        self.kind: FreezerKind = "pid_namespace" if own_pid_namespace() else "process_group"
+    def __init__(self, runner: ForkedRunner, cgroup: FreezerFiles | None = None):
+        """`cgroup`: the candidate's freezer cgroup, which the runner has joined."""
+        self.runner, self.cgroup = runner, cgroup
+        self.kind: FreezerKind = (
+            "cgroup" if cgroup is not None else "pid_namespace" if own_pid_namespace() else "process_group"
+        )
         self.frozen = False
 
     def freeze(self) -> None:
         if self.runner.poll() is not None:
             return
         self.frozen = True
+        if self.cgroup is not None:
+            os.write(self.cgroup.freeze, b"1")
+            deadline = time.monotonic() + FROZEN_WITHIN_S
+            while b"frozen 1" not in os.pread(self.cgroup.events, 4096, 0) and time.monotonic() < deadline:
+                time.sleep(0.0001)
+            return
         if self.kind == "pid_namespace":
             os.kill(-1, signal.SIGSTOP)  # every process of the namespace but this one and its init
             os.killpg(os.getpgrp(), signal.SIGCONT)  # the judge's own helpers
@@ -137,7 +154,9 @@ class Freezer:
         if not self.frozen:
             return
         self.frozen = False
-        if self.kind == "pid_namespace":
+        if self.cgroup is not None:
+            os.write(self.cgroup.freeze, b"0")
+        elif self.kind == "pid_namespace":
             os.kill(-1, signal.SIGCONT)
         else:
             self._signal_runner_group(signal.SIGCONT)
@@ -151,6 +170,22 @@ class Freezer:
                 os.killpg(group, number)
         except ProcessLookupError:
             pass  # it ended: `freeze` reads how
+
+
+def _moved_into_freezer(files: FreezerFiles | None, pid: int) -> FreezerFiles | None:
+    """The freezer cgroup the service gave the job (`FREEZER_FDS_VARIABLE`), with the runner `pid` moved in: it has
+    run nothing of the candidate's yet, and every process it starts from now on is born there. None where the job
+    has none, or the move failed (the freezer then falls back to signals)."""
+    if files is None:
+        return None
+    try:
+        os.write(files.procs, str(pid).encode())
+    except OSError as exc:
+        print(f"the runner could not join the job's freezer cgroup ({exc}): it is frozen by signals", file=sys.stderr)
+        return None
+    finally:
+        os.close(files.procs)
+    return files
 
 
 def own_pid_namespace() -> bool:
@@ -288,6 +323,7 @@ class RunnerLink:
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if own_pid_namespace() and os.getpgrp() != os.getpid():
             os.setpgid(0, 0)  # in bubblewrap's namespace the judge shares group 1 with init: killpg(1) is kill(-1)
+        freezer = FreezerFiles.from_variable(os.environ.pop(FREEZER_FDS_VARIABLE, None))  # the runner never sees it
         self.tool: str | None = None
         self._tool_output: _OutputReader | None = None
         self._started = time.monotonic()
@@ -301,7 +337,7 @@ class RunnerLink:
                 _become_runner(theirs.fileno())
             self.process = ForkedRunner(pid)
         theirs.close()
-        self.freezer = Freezer(self.process)
+        self.freezer = Freezer(self.process, _moved_into_freezer(freezer, self.process.pid) if not wrapper else None)
         self.channel = Channel(ours)
         self.last_envelope_ms = 0.0
 

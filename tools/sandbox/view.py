@@ -137,6 +137,8 @@ def bubblewrap_argv(
         argv += ["--ro-bind", str(path), str(path)]
     if gpu:  # the driver reads the devices' topology from /sys; the device nodes are the only ones bound
         argv += ["--ro-bind", "/sys", "/sys"]
+        if Path("/sys/fs/cgroup").is_dir():  # a job's processes stay in the cgroups the service put them in
+            argv += ["--tmpfs", "/sys/fs/cgroup"]
         for node in sorted(glob.glob("/dev/nvidia*")):
             argv += ["--dev-bind", node, node]
     for path in [*hidden, *foreign_package_dirs()]:  # inside something shown (e.g. the data folder of a checkout)
