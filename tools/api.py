@@ -192,6 +192,7 @@ def _call(
             cache_key=key,
             cache_hit=restored[0],
             sent_at=time.time(),
+            build_timeout_s=settings.build_timeout_s,
             nice=settings.build_nice if step.phase == "compile" else 0,
         )
 

@@ -7,6 +7,9 @@ parsed.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -102,6 +105,9 @@ class WorkerJob(BaseModel):
     cache_key: str
     cache_hit: bool
     sent_at: float = Field(description="time.time() when the caller handed the job over: the worker's start-up")
+    build_timeout_s: float = Field(
+        600.0, gt=0, description="wall-clock limit of the build and import of the submission (settings.build_timeout_s)"
+    )
     nice: int = Field(
         0, ge=0, le=19, description="how far the worker lowers its own and its runner's CPU priority first (a build)"
     )
@@ -109,6 +115,44 @@ class WorkerJob(BaseModel):
         None,
         description="the operator observer's library as the worker sees it (tools/compilation/observer_library.py)",
     )
+
+
+FREEZER_FDS_VARIABLE = "KERNELLOOP_FREEZER_FDS"
+"""the worker's environment variable that names the freezer's descriptors: `procs,freeze,events`"""
+
+
+@dataclass
+class FreezerFiles:
+    """Descriptors of the candidate's freezer cgroup, opened by the service: `procs` (cgroup.procs, written once by
+    the runner to join), `freeze` (cgroup.freeze) and `events` (cgroup.events, which says when all have stopped).
+    The kernel checks a write to cgroup.procs against who opened it, so the sandboxed runner may join it."""
+
+    procs: int
+    freeze: int
+    events: int
+
+    @classmethod
+    def open(cls, directory: Path) -> FreezerFiles:
+        """The files of the cgroup `directory`, opened by the service (which may write them)."""
+        return cls(
+            os.open(directory / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC),
+            os.open(directory / "cgroup.freeze", os.O_WRONLY | os.O_CLOEXEC),
+            os.open(directory / "cgroup.events", os.O_RDONLY | os.O_CLOEXEC),
+        )
+
+    def as_variable(self) -> str:
+        return f"{self.procs},{self.freeze},{self.events}"
+
+    @classmethod
+    def from_variable(cls, value: str | None) -> FreezerFiles | None:
+        try:
+            procs, freeze, events = (int(fd) for fd in (value or "").split(","))
+        except ValueError:
+            return None
+        return cls(procs, freeze, events)
+
+    def fds(self) -> list[int]:
+        return [self.procs, self.freeze, self.events]
 
 
 class WorkerReply(BaseModel):

@@ -308,6 +308,14 @@ class BenchmarkResult(PhaseResult):
         "(device-wide synchronizes, the operator observer), measured by the runner on a one-element kernel "
         "before the candidate was imported; the reference is timed with its launch hidden, as do_bench does",
     )
+    freezer: Literal["cgroup", "pid_namespace", "process_group"] | None = Field(
+        None,
+        description="how every process of the candidate's was stopped while the judge timed the reference: "
+        "cgroup, the v2 freezer of a cgroup holding them all (where the host lets the service make one); "
+        "pid_namespace, every process of the job's pid namespace but the judge's own (bubblewrap; atomic against "
+        "fork, so no chain of short-lived processes runs on); process_group, the runner's process group alone "
+        "(isolation unshare or none, where a process of its own session escapes it); None before any timing",
+    )
 
 
 class StallReason(BaseModel):

@@ -59,6 +59,13 @@ class SandboxSettings(BaseSettings):
         gt=0,
         description="wall-clock limit of a profile worker (its build, one forward under Nsight Compute)",
     )
+    build_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="wall-clock limit of a job's build and import of the submission, inside the job's own limit: a "
+        "build that never finishes (a compiler wrapper that sleeps, a build step's child that never exits) ends "
+        "as a timeout there instead of holding its lane to the job's limit",
+    )
     build_nice: int = Field(
         10,
         ge=0,

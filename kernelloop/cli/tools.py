@@ -88,6 +88,8 @@ def _format_benchmark(result: BenchmarkResult) -> list[str]:
         )
     if result.geomean_speedup:
         lines.append(f"geometric mean speedup: {result.geomean_speedup:.3f}x  ({result.timing_method})")
+    if result.freezer:
+        lines.append(f"the candidate's processes, while the reference was timed: stopped ({result.freezer} freezer)")
     return lines
 
 

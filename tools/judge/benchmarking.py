@@ -90,6 +90,7 @@ def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> Benchma
     result.status, result.message, result.device = compiled.status, compiled.message, compiled.device
     if compiled.status != Status.passed:
         return result
+    result.freezer = link.freezer.kind
     report(result)
     peaks = devices.gpu_peaks(compiled.device) if session.device.type == "cuda" else None
     clock = timing.Clock(session.device)

@@ -8,6 +8,7 @@ message, never as an exception out of the judge.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,7 @@ from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.judge.inputs import SeedSource
 from kernelloop.tools.judge.operator_log import OperatorLog, Tampered
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
-from kernelloop.tools.judge.session import DTYPES, Report, Session, device_of, stopwatch
+from kernelloop.tools.judge.session import DTYPES, Fail, Report, Session, device_of, stopwatch
 from kernelloop.tools.problems import import_problem_module, job_dtype, verdict_policy
 from kernelloop.tools.results import CompileResult, Status
 from kernelloop.tools.runner.messages import Load, Loaded, Start, Started
@@ -113,18 +114,31 @@ def load(session: Session, result: CompileResult) -> CompileResult:
         compile_only=step.phase == "compile",
         epoch=session.operators.new_token() if session.operators is not None else "",
     )
+    limit_s = job.build_timeout_s
+    started = time.monotonic()
     try:
         with stopwatch(result, "load"):
-            loaded = session.link.ask(request, Loaded, None, idle_limit_s=LOAD_IDLE_LIMIT_S).compile
+            loaded = session.link.ask(request, Loaded, limit_s, idle_limit_s=LOAD_IDLE_LIMIT_S).compile
     except RunnerFailed as exc:
         result.status = Status.timeout if exc.how == "timeout" else Status.runtime_error
         result.message = f"{exc} while building or importing the submission"
+        if exc.how == "timeout" and time.monotonic() - started >= limit_s:
+            result.message = (
+                f"the build and import of the submission ran past their limit of {limit_s:.0f} s "
+                "(KERNELLOOP_BUILD_TIMEOUT_S): the candidate's process was killed, its build with the job; make the "
+                "build finish sooner (fewer or smaller sources, no step that waits)"
+            )
         return result
     # what the runner may not speak for: which job, which problem, which cache entry, which device
     loaded.problem, loaded.backend, loaded.cache_key, loaded.cache_hit = (
         step.problem.name, step.backend, job.cache_key, job.cache_hit,
     )  # fmt: skip
     loaded.device, loaded.step_seconds = result.device, result.step_seconds
+    if loaded.status == Status.passed:
+        try:
+            session.refuse_library_copies()
+        except Fail as exc:
+            loaded.status, loaded.message = exc.status, exc.message
     if session.operators is not None and loaded.status == Status.passed:
         try:
             session.operators.expect_epoch(request.epoch)

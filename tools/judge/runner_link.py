@@ -28,10 +28,11 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, Field
 
+from kernelloop.tools.jobs import FREEZER_FDS_VARIABLE, FreezerFiles
 from kernelloop.tools.runner import guard
 from kernelloop.tools.runner.channel import Channel, ChannelBroken, ChannelTimeout
 from kernelloop.tools.runner.messages import Finish, Finished, Reply, ReplyEnvelope, Request, RequestEnvelope
@@ -89,33 +90,58 @@ class ForkedRunner:
             os.kill(self.pid, signal.SIGKILL)
 
 
+FreezerKind = Literal["cgroup", "pid_namespace", "process_group"]
+FROZEN_WITHIN_S = 1.0
+"""how long the judge waits for a cgroup to report every process frozen (one in the kernel, e.g. in a long
+uninterruptible call, freezes on its way out of it)"""
+
+
 class Freezer:
     """Stops every process of the candidate's while the judge times what it trusts, so none of them can spin on
-    the cores, signal or allocate meanwhile. The candidate's processes are the judge's descendants outside the
-    judge's own process group (the runner leaves it at the fork and the guard refuses a way back; the judge's own
-    helpers, torch.compile's workers among them, stay in it): the judge is a child subreaper, so a process whose
-    parent exits is handed to the judge, not to init, and a new session changes nothing. Walking /proc finds them
-    (in the sandbox's own pid namespace, a handful); a second walk after the first stop catches a process forked
-    meanwhile."""
+    the cores, signal or allocate meanwhile.
 
-    def __init__(self, runner: ForkedRunner):
-        self.runner = runner
-        self.stopped: list[int] = []
-        self.orphans: set[int] = set()
-        """the candidate's processes handed to the judge, to be collected when they end"""
+    Where the service gave the job a freezer (`cgroup`: a v2 cgroup the runner was moved into at its fork, so every
+    process of the candidate's is in it, and none can leave: the sandbox shows no cgroup file system), the judge
+    writes 1 to its `cgroup.freeze` and waits for `cgroup.events` to say `frozen 1`.
+
+    Elsewhere in the sandbox (`pid_namespace`) the judge is the process bubblewrap started in a pid namespace of
+    the job's own, and `kill(-1, SIGSTOP)` stops every process of that namespace but the caller and its init
+    (bubblewrap's, which only waits). The kernel sends a signal to every process in one pass that a concurrent
+    fork cannot outrun (a child being forked meanwhile gets it too), so no chain of short-lived processes, each
+    cloning its successor and exiting, keeps running: a walk of /proc, stopping the processes it listed, always
+    misses the one born after the listing. The judge's own helpers (torch.compile's workers; a GPU tool's process)
+    are in the judge's process group, which no process of the candidate's can join (the runner leaves it at the
+    fork and its guard refuses a way back): they are resumed at once, and so is nothing else. `thaw` resumes the
+    namespace with `kill(-1, SIGCONT)`: a process of the candidate's that was stopped before the freeze (by the
+    candidate) is resumed too, which changes nothing the judge relies on.
+
+    Outside bubblewrap (`process_group`: isolation `unshare` or `none`, where no namespace is the job's and
+    kill(-1) would stop the host's processes), only the runner's process group is stopped: submitted code runs
+    with the service's rights there, and a process of its own session escapes the freeze."""
+
+    def __init__(self, runner: ForkedRunner, cgroup: FreezerFiles | None = None):
+        """`cgroup`: the candidate's freezer cgroup, which the runner has joined."""
+        self.runner, self.cgroup = runner, cgroup
+        self.kind: FreezerKind = (
+            "cgroup" if cgroup is not None else "pid_namespace" if own_pid_namespace() else "process_group"
+        )
+        self.frozen = False
 
     def freeze(self) -> None:
         if self.runner.poll() is not None:
             return
-        judge, group = os.getpid(), os.getpgrp()
-        for _ in range(2):
-            for pid, parent, pgrp in _descendants(judge):
-                if pgrp == group or pid in self.stopped:
-                    continue
-                if _signal(pid, signal.SIGSTOP):
-                    self.stopped.append(pid)
-                if parent == judge and pid != self.runner.pid:
-                    self.orphans.add(pid)
+        self.frozen = True
+        if self.cgroup is not None:
+            os.write(self.cgroup.freeze, b"1")
+            deadline = time.monotonic() + FROZEN_WITHIN_S
+            while b"frozen 1" not in os.pread(self.cgroup.events, 4096, 0) and time.monotonic() < deadline:
+                time.sleep(0.0001)
+            return
+        if self.kind == "pid_namespace":
+            os.kill(-1, signal.SIGSTOP)  # every process of the namespace but this one and its init
+            os.killpg(os.getpgrp(), signal.SIGCONT)  # the judge's own helpers
+        else:
+            self._signal_runner_group(signal.SIGSTOP)
         try:  # the runner has stopped when this returns: the kernel delivers a stop asynchronously
             _, status = os.waitpid(self.runner.pid, os.WUNTRACED)
         except ChildProcessError:
@@ -125,16 +151,53 @@ class Freezer:
             self.runner.returncode = os.waitstatus_to_exitcode(status)
 
     def thaw(self) -> None:
-        for pid in self.stopped:
-            _signal(pid, signal.SIGCONT)
-        self.stopped.clear()
-        for pid in list(self.orphans):  # collected here, by pid: the judge's own children are not ours to reap
-            try:
-                ended, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                ended = pid
-            if ended:
-                self.orphans.discard(pid)
+        if not self.frozen:
+            return
+        self.frozen = False
+        if self.cgroup is not None:
+            os.write(self.cgroup.freeze, b"0")
+        elif self.kind == "pid_namespace":
+            os.kill(-1, signal.SIGCONT)
+        else:
+            self._signal_runner_group(signal.SIGCONT)
+
+    def _signal_runner_group(self, number: int) -> None:
+        try:
+            group = os.getpgid(self.runner.pid)
+            if group == os.getpgrp():  # a GPU tool's process, in the judge's group: the tool alone
+                os.kill(self.runner.pid, number)
+            else:
+                os.killpg(group, number)
+        except ProcessLookupError:
+            pass  # it ended: `freeze` reads how
+
+
+def _moved_into_freezer(files: FreezerFiles | None, pid: int) -> FreezerFiles | None:
+    """The freezer cgroup the service gave the job (`FREEZER_FDS_VARIABLE`), with the runner `pid` moved in: it has
+    run nothing of the candidate's yet, and every process it starts from now on is born there. None where the job
+    has none, or the move failed (the freezer then falls back to signals)."""
+    if files is None:
+        return None
+    try:
+        os.write(files.procs, str(pid).encode())
+    except OSError as exc:
+        print(f"the runner could not join the job's freezer cgroup ({exc}): it is frozen by signals", file=sys.stderr)
+        return None
+    finally:
+        os.close(files.procs)
+    return files
+
+
+def own_pid_namespace() -> bool:
+    """Whether this process is the one bubblewrap started in a pid namespace of its own: its parent is the
+    namespace's init (pid 1) and that init is bubblewrap's. A service that is itself pid 1 of a container, running
+    jobs without a sandbox, is not bubblewrap: kill(-1) there would reach the container's other processes."""
+    if os.getppid() != 1:
+        return False
+    try:
+        return Path("/proc/1/comm").read_text().strip() == "bwrap"
+    except OSError:
+        return False
 
 
 def _signal(pid: int, number: int) -> bool:
@@ -256,8 +319,11 @@ class RunnerLink:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         sys.stdout.flush()
         sys.stderr.flush()
-        if sys.platform.startswith("linux"):  # the candidate's orphans come to the judge (see `Freezer`)
+        if sys.platform.startswith("linux"):  # the candidate's orphans come to the judge, in its pid namespace
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if own_pid_namespace() and os.getpgrp() != os.getpid():
+            os.setpgid(0, 0)  # in bubblewrap's namespace the judge shares group 1 with init: killpg(1) is kill(-1)
+        freezer = FreezerFiles.from_variable(os.environ.pop(FREEZER_FDS_VARIABLE, None))  # the runner never sees it
         self.tool: str | None = None
         self._tool_output: _OutputReader | None = None
         self._started = time.monotonic()
@@ -271,7 +337,7 @@ class RunnerLink:
                 _become_runner(theirs.fileno())
             self.process = ForkedRunner(pid)
         theirs.close()
-        self.freezer = Freezer(self.process)
+        self.freezer = Freezer(self.process, _moved_into_freezer(freezer, self.process.pid) if not wrapper else None)
         self.channel = Channel(ours)
         self.last_envelope_ms = 0.0
 
@@ -311,13 +377,17 @@ class RunnerLink:
         """Send one request and wait at most `timeout_s` for its reply; `last_envelope_ms` is the wall time
         from just before the send to just after the reply, on the judge's clock. With `idle_limit_s`, the
         wait also ends once the runner has gone that long with no build running (no child process): a build
-        may take minutes, a hang in Python code is cut short."""
+        may take minutes, a hang in Python code is cut short; `timeout_s` holds for a build all the same."""
         started = time.perf_counter()
         try:
             self.channel.send(RequestEnvelope(request=request), fds)
+            receive_s = timeout_s
             if idle_limit_s is not None:
-                self._wait_while_building(idle_limit_s)
-            envelope, stray = self.channel.receive(ReplyEnvelope, timeout_s)
+                deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                self._wait_while_building(idle_limit_s, deadline)
+                if deadline is not None:  # a reply that has begun to arrive gets a poll's time to be read
+                    receive_s = max(POLL_S, deadline - time.monotonic())
+            envelope, stray = self.channel.receive(ReplyEnvelope, receive_s)
         except ChannelTimeout:
             self.kill()
             raise RunnerFailed(
@@ -336,11 +406,15 @@ class RunnerLink:
             )
         return reply
 
-    def _wait_while_building(self, idle_limit_s: float) -> None:
+    def _wait_while_building(self, idle_limit_s: float, deadline: float | None) -> None:
+        """Until the reply is readable (or the runner ended); ChannelTimeout at `deadline` (time.monotonic()),
+        RunnerFailed after `idle_limit_s` with no child process."""
         idle_since = time.monotonic()
         while not self.channel.readable(POLL_S):
             if self.process.poll() is not None:
                 return  # the receive that follows reports how it ended
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ChannelTimeout()
             now = time.monotonic()
             if _has_children(self.process.pid):
                 idle_since = now

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
@@ -29,7 +30,7 @@ from kernelloop.tools.judge.operator_log import OperatorLog, Tampered
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import PhaseResult, Status, TolerancePolicy
-from kernelloop.tools.runner import candidate
+from kernelloop.tools.runner import candidate, library_fence
 from kernelloop.tools.runner.messages import (
     Argument,
     Call,
@@ -106,7 +107,21 @@ class Session:
         called = self.link.ask(request, Called, deadline)
         with _tampering_fails():
             self.operators.expect_mark(request.mark, f"call {self.calls_made}")
+        self.refuse_library_copies()
         return called
+
+    def refuse_library_copies(self) -> None:
+        """Fail the phase where a copy of a library the problem forbids lies where the candidate writes, or is
+        mapped in its runner (`library_fence.copy_of`: by name)."""
+        libraries = self.step.problem.forbidden_libraries
+        folders = [Path.cwd(), Path(self.job.build_dir), Path("/tmp"), Path("/dev/shm")]
+        copy = library_fence.copy_of(libraries, folders, Path(f"/proc/{self.link.process.pid}/maps"))
+        if copy is not None:
+            why = (
+                f"{copy} is a copy of a library the problem forbids ({', '.join(libraries)}), which the candidate "
+                "may not load: the problem asks for a kernel that does without it"
+            )
+            raise Fail(Status.forbidden_op, why)
 
     def forbidden(self) -> list[str]:
         """The forbidden operators the candidate's process dispatched since its import began, as the observer

@@ -12,11 +12,13 @@ library already loaded) is an error, never a silent pass.
 from __future__ import annotations
 
 import ctypes
+import fnmatch
 import glob
 import importlib.util
 import os
 import re
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -33,6 +35,9 @@ move files within what the process may read, and Landlock refuses one that would
 not (a denied library moved under an allowed folder)."""
 ENTRY_LIBRARIES = {"cudnn": "libcudnn.so"}
 """the library's entry point torch itself links (mapped before the fence; its work is in the fenced files)"""
+FILE_NAMES = {"cudnn": "libcudnn*.so*"}
+"""the names of the library's shared objects (its sonames, versioned or not): a file so named where the candidate
+can write, or mapped by its runner, is a copy of the fenced library (`copy_of`)"""
 
 
 class FenceError(RuntimeError):
@@ -62,6 +67,38 @@ def library_files(library: str) -> list[Path]:
         for pattern in ("lib*/libcudnn*", "lib*/*-linux-gnu/libcudnn*", "include/cudnn*.h", "targets/*/lib/libcudnn*"):
             found += [Path(p).resolve() for p in glob.glob(os.path.join(home, pattern))]
     return sorted(set(found))
+
+
+def copy_of(libraries: Sequence[str], folders: Sequence[Path], maps: Path | None) -> str | None:
+    """A copy of a fenced library, by its name: a file below `folders` (where the candidate can write), or one the
+    process of `maps` (/proc/PID/maps) has mapped, deleted since or not, named as one of the libraries' shared
+    objects. Run by the judge, out of the candidate's process. Landlock grants by place, not by name, so a copy
+    the candidate unpacks where it writes is readable to it: this finds one that kept its name. It does not find
+    a copy renamed, or loaded from a memfd; what holds against those is that no copy is readable to the candidate
+    anywhere (the sandbox's view shows no package store, cache or other environment)."""
+    patterns = [FILE_NAMES[name] for name in libraries if name in FILE_NAMES]
+    if not patterns:
+        return None
+
+    def named(path: str) -> bool:
+        return any(fnmatch.fnmatchcase(os.path.basename(path), pattern) for pattern in patterns)
+
+    for folder in folders:
+        for root, _, files in os.walk(folder):
+            found = next((os.path.join(root, f) for f in files if named(f)), None)
+            if found:
+                return found
+    try:
+        mapped = maps.read_text().splitlines() if maps is not None else []
+    except OSError:
+        mapped = []  # the process ended: its answers are over too
+    installed = [f for name in libraries if name in FILE_NAMES for f in library_files(name)]
+    for line in mapped:  # torch maps the installed entry library itself: that one is no copy
+        parts = line.split(maxsplit=5)
+        path = Path(parts[-1].removesuffix(" (deleted)"))
+        if len(parts) == 6 and named(str(path)) and not any(path == f or f in path.parents for f in installed):
+            return str(path)
+    return None
 
 
 def fence_off(libraries: list[str], *, before_exec: bool = False) -> str | None:

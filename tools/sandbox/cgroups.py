@@ -4,6 +4,11 @@ without a GPU, on memory) that holds for root too, which RLIMIT_NPROC does not (
 Both cgroup layouts are handled: v1 (one hierarchy per controller, e.g. /sys/fs/cgroup/pids) and v2 (one
 unified tree, where the service's own cgroup must already delegate the controllers to its children).
 Where neither can be written, `create` returns None and the rlimits stand alone; the report says which.
+
+Where a v2 hierarchy can be written (the unified tree, or a v1 host's hybrid `unified` mount), the job also gets
+a freezer: a v2 cgroup of the candidate's processes alone (below the job's, in a unified tree), which the runner
+joins at its fork and the judge freezes through `cgroup.freeze` while it times the reference. The judge is handed
+descriptors of its files (`kernelloop.tools.jobs.FreezerFiles`), never a path: the sandbox mounts no cgroup file system.
 """
 
 from __future__ import annotations
@@ -21,14 +26,19 @@ ROOT = Path("/sys/fs/cgroup")
 class JobCgroup:
     dirs: list[Path]
     """one per hierarchy (v1: pids and memory; v2: one)"""
+    freezer: Path | None = None
+    """a v2 cgroup for the candidate's processes alone, which the judge freezes; None where no v2 tree is writable"""
 
     @classmethod
     def create(cls, name: str, max_pids: int, memory_bytes: int | None) -> JobCgroup | None:
         """A fresh cgroup named `name` below the service's own, with the limits written; None if none can be made."""
         try:
-            return _create_v2(name, max_pids, memory_bytes) or _create_v1(name, max_pids, memory_bytes)
+            made = _create_v2(name, max_pids, memory_bytes) or _create_v1(name, max_pids, memory_bytes)
         except OSError:
             return None
+        if made is not None:
+            made.freezer = _freezer(made, name)
+        return made
 
     def join(self) -> None:
         """Move the calling process in: called in the child between fork and exec (plain writes only)."""
@@ -54,8 +64,9 @@ class JobCgroup:
         return False
 
     def kill_and_remove(self) -> None:
-        """Kill whatever is still inside (a leftover of the job), then remove the cgroup."""
-        for directory in self.dirs:
+        """Kill whatever is still inside (a leftover of the job), then remove the cgroup (its freezer first: a cgroup
+        with a child cannot be removed)."""
+        for directory in [*([self.freezer] if self.freezer is not None else []), *self.dirs]:
             for _ in range(50):
                 pids = _pids(directory)
                 if not pids:
@@ -79,6 +90,22 @@ def _own(controller: str) -> str | None:
         if controller in controllers.split(","):
             return path
     return None
+
+
+def _freezer(job: JobCgroup, name: str) -> Path | None:
+    """The candidate's freezer cgroup: below the job's own in a unified tree (so its processes count against the
+    job's limits), else a cgroup of its own in a v1 host's hybrid `unified` tree; None where neither is writable."""
+    try:
+        if (ROOT / "cgroup.controllers").is_file():
+            directory = job.dirs[0] / "candidate"
+        elif (ROOT / "unified" / "cgroup.controllers").is_file():
+            directory = ROOT / "unified" / (_own("") or "/").lstrip("/") / f"{name}-candidate"
+        else:
+            return None
+        directory.mkdir()
+    except OSError:
+        return None
+    return directory if (directory / "cgroup.freeze").is_file() else None
 
 
 def _create_v2(name: str, max_pids: int, memory_bytes: int | None) -> JobCgroup | None:

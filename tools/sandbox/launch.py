@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernelloop.tools.compilation import header_cache, object_cache, observer_library, toolchain
+from kernelloop.tools.jobs import FREEZER_FDS_VARIABLE, FreezerFiles
 from kernelloop.tools.results import Isolation, SandboxReport
 from kernelloop.tools.sandbox import seccomp, view
 from kernelloop.tools.sandbox.cgroups import JobCgroup
@@ -320,6 +321,10 @@ class StartedWorker:
             if settings.job_cgroups
             else None
         )
+        if self.cgroup is not None and self.cgroup.freezer is not None:  # the judge freezes the candidate there
+            freezer = FreezerFiles.open(self.cgroup.freezer)
+            keep += freezer.fds()
+            env = {**env, FREEZER_FDS_VARIABLE: freezer.as_variable()}
         argv = prefix + [sys.executable, "-P", "-m", module, str(result_write)]
         self.limits = Limits.for_worker(int(cpu_limit_s), memory, settings)
         self.proc = self._spawn(argv, env, keep)

@@ -26,7 +26,15 @@ BUILD_MOUNT = Path("/kernelloop-build")  # the job's build folder, as the worker
 HEADERS_MOUNT = Path("/kernelloop-headers")  # the toolchain's precompiled headers (tools/compilation/header_cache.py)
 OBSERVER_MOUNT = Path("/kernelloop-observer")  # the operator observer (tools/compilation/observer_library.py)
 OBJECTS_MOUNT = Path("/kernelloop-objects")  # objects of unchanged sources (tools/compilation/object_cache.py)
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+"""shown whole; /opt is not: it holds package stores (wheel folders, conda's pkgs) beside toolchains, so only what
+the worker needs of it (the CUDA toolkit, the GPU tools, the interpreter) is shown, by `toolchain_dirs` and
+`python_dirs`"""
+PACKAGE_FOLDERS = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages")
+"""where an interpreter keeps its packages, below its prefix: those of an interpreter other than the worker's are
+another environment (a second copy of a fenced library among them), hidden by `foreign_package_dirs`"""
+PACKAGE_STORES = ("pkgs", "envs")
+"""below an interpreter's prefix, what conda keeps beside it: its package cache and its other environments"""
 ETC_FILES = (  # what the dynamic linker, compilers and getpwuid read; /etc/shadow and the like stay out
     "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/passwd", "/etc/group",
     "/etc/nsswitch.conf", "/etc/localtime", "/etc/os-release",
@@ -52,6 +60,17 @@ def python_dirs() -> list[Path]:
     dirs = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(sys.executable).resolve().parent}
     dirs.update(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
     return sorted(dirs)
+
+
+def foreign_package_dirs() -> list[Path]:
+    """The package folders of other environments inside what the worker is shown (the system's Python, the base
+    interpreter of a virtual environment): every one not on this interpreter's import path; and conda's package
+    cache and other environments beside the interpreter."""
+    own = {Path(p).resolve() for p in [*sys.path, sys.executable] if p}
+    prefixes = {Path("/usr"), Path("/usr/local"), *python_dirs()}
+    found = {Path(p) for prefix in prefixes for pattern in PACKAGE_FOLDERS for p in glob.glob(str(prefix / pattern))}
+    found.update(prefix / store for prefix in python_dirs() for store in PACKAGE_STORES)
+    return sorted(p for p in found if p.is_dir() and not any(o.is_relative_to(p.resolve()) for o in own))
 
 
 GPU_TOOLS = ("compute-sanitizer", "ncu")
@@ -118,10 +137,12 @@ def bubblewrap_argv(
         argv += ["--ro-bind", str(path), str(path)]
     if gpu:  # the driver reads the devices' topology from /sys; the device nodes are the only ones bound
         argv += ["--ro-bind", "/sys", "/sys"]
+        if Path("/sys/fs/cgroup").is_dir():  # a job's processes stay in the cgroups the service put them in
+            argv += ["--tmpfs", "/sys/fs/cgroup"]
         for node in sorted(glob.glob("/dev/nvidia*")):
             argv += ["--dev-bind", node, node]
-    for path in hidden:  # inside something shown (e.g. the data folder of a source checkout): covered
-        if not any(path.is_relative_to(s) for s in shown):
+    for path in [*hidden, *foreign_package_dirs()]:  # inside something shown (e.g. the data folder of a checkout)
+        if not any(path.is_relative_to(s) for s in shown + system):
             continue
         if path.is_dir():
             argv += ["--tmpfs", str(path)]
