@@ -28,6 +28,7 @@ namespace {
 
 constexpr const char* kMarkPrefix = "kernelloop.mark.";
 constexpr const char* kEpochPrefix = "kernelloop.epoch.";
+constexpr const char* kRedispatchPrefix = "kernelloop.redispatch.";  // an operator a Python redispatch ran
 constexpr size_t kLongestText = 256;
 
 int out_fd = -1;
@@ -100,6 +101,9 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     } else if (std::strncmp(name, kEpochPrefix, std::strlen(kEpochPrefix)) == 0) {
       seen.clear();
       emit("epoch", printable(name + std::strlen(kEpochPrefix)));
+    } else if (std::strncmp(name, kRedispatchPrefix, std::strlen(kRedispatchPrefix)) == 0) {
+      const char* op = name + std::strlen(kRedispatchPrefix);
+      if (seen.insert(op).second) emit("op", printable(op));
     }
     return nullptr;  // the candidate's own record_function names are not operators
   }

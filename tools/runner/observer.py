@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
+from typing import Any
 
 import torch
 
 MARK_PREFIX = "kernelloop.mark."
 EPOCH_PREFIX = "kernelloop.epoch."
+REDISPATCH_PREFIX = "kernelloop.redispatch."
 _enter = torch.ops.profiler._record_function_enter_new
 _exit = torch.ops.profiler._record_function_exit
 _SWITCHES = ("_enable_record_function", "_clear_callbacks")
@@ -41,6 +44,28 @@ def refuse_switches() -> None:
     for module in (torch.autograd, torch._C._autograd):
         for name in _SWITCHES:
             setattr(module, name, functools.partial(_refused, name))
+
+
+def record_redispatches() -> None:
+    """Make Python's redispatch seen. `OpOverload.redispatch` and an operator handle's `redispatch_boxed` run an
+    operator's kernel for a dispatch key of the caller's choice, below the dispatcher's RecordFunction: a Python
+    redispatch of `aten::mkldnn_convolution` to the CPU key convolves with no operator recorded. Refusing it
+    would break `torch.library.custom_op`, whose autograd kernel redispatches on every call; so each redispatch
+    first names its operator to the observer (a RecordFunction of its own name), which writes it as an operator.
+    Operators whose fast Python dispatch torch set up at import captured the handle's method, so theirs is set up
+    again. The original method stays reachable to Python that digs it out of this closure; the README says so."""
+    handle = torch._C._DispatchOperatorHandle
+    redispatch_boxed = handle.redispatch_boxed
+
+    def recorded(self: Any, keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+        _exit(_enter(REDISPATCH_PREFIX + self.schema().name))
+        return redispatch_boxed(self, keyset, *args, **kwargs)
+
+    handle.redispatch_boxed = recorded  # type: ignore[method-assign]
+    for op in gc.get_objects():
+        if issubclass(type(op), torch._ops.OpOverload) and op._pyobj_dispatcher is not None:  # no __class__ lookup
+            op._enable_pyobj_dispatch(False)
+            op._enable_pyobj_dispatch(True)
 
 
 def _refused(name: str, *args: object, **kwargs: object) -> None:
