@@ -35,7 +35,6 @@ namespace {
 
 constexpr const char* kMarkPrefix = "kernelloop.mark.";
 constexpr const char* kEpochPrefix = "kernelloop.epoch.";
-constexpr const char* kRedispatchPrefix = "kernelloop.redispatch.";  // an operator a Python redispatch ran
 constexpr size_t kLongestText = 256;
 
 struct State {
@@ -122,9 +121,6 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
       state->seen.clear();
       state->unseen_reported = false;
       emit("epoch", printable(name + std::strlen(kEpochPrefix)));
-    } else if (std::strncmp(name, kRedispatchPrefix, std::strlen(kRedispatchPrefix)) == 0) {
-      const char* op = name + std::strlen(kRedispatchPrefix);
-      if (state->seen.insert(op).second) emit("op", printable(op));
     }
     return nullptr;  // the candidate's own record_function names are not operators
   }

@@ -20,7 +20,6 @@ import torch
 
 MARK_PREFIX = "kernelloop.mark."
 EPOCH_PREFIX = "kernelloop.epoch."
-REDISPATCH_PREFIX = "kernelloop.redispatch."
 _enter = torch.ops.profiler._record_function_enter_new
 _exit = torch.ops.profiler._record_function_exit
 _SWITCHES = ("_enable_record_function", "_clear_callbacks")
@@ -47,25 +46,25 @@ def refuse_switches() -> None:
 
 
 def record_redispatches() -> None:
-    """Make Python's redispatch seen. `OpOverload.redispatch` and an operator handle's `redispatch_boxed` run an
-    operator's kernel for a dispatch key of the caller's choice, below the dispatcher's RecordFunction: a Python
-    redispatch of `aten::mkldnn_convolution` to the CPU key convolves with no operator recorded. Refusing it
-    would break `torch.library.custom_op`, whose autograd kernel redispatches on every call; so each redispatch
-    first names its operator to the observer (a RecordFunction of its own name), which writes it as an operator.
-    Operators whose fast Python dispatch torch set up at import captured the handle's method, so theirs is set up
-    again. The original method stays reachable to Python that digs it out of this closure; the README says so."""
-    handle = torch._C._DispatchOperatorHandle
-    redispatch_boxed = handle.redispatch_boxed
-
-    def recorded(self: Any, keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
-        _exit(_enter(REDISPATCH_PREFIX + self.schema().name))
-        return redispatch_boxed(self, keyset, *args, **kwargs)
-
-    handle.redispatch_boxed = recorded  # type: ignore[method-assign]
+    """Leave Python no redispatch that the observer does not see. `OpOverload.redispatch` and an operator handle's
+    `redispatch_boxed` run an operator's kernel for a dispatch key of the caller's choice, below the dispatcher's
+    RecordFunction: a Python redispatch of `aten::mkldnn_convolution` to the CPU key convolved unseen. The
+    handle's method is replaced by a call of the same operator through the dispatcher, and the original is let go
+    (torch's fast Python dispatch of its own operators held it bound: that is set up again), so no Python object
+    is left that redispatches. Refusing instead would break `torch.library.custom_op`: its autograd kernel, torch's
+    one caller, redispatches below autograd inside `_AutoDispatchBelowAutograd`, where the call reaches the same
+    kernel (and is recorded)."""
+    torch._C._DispatchOperatorHandle.redispatch_boxed = _called_through_the_dispatcher  # type: ignore[method-assign,assignment]
     for op in gc.get_objects():
         if issubclass(type(op), torch._ops.OpOverload) and op._pyobj_dispatcher is not None:  # no __class__ lookup
             op._enable_pyobj_dispatch(False)
             op._enable_pyobj_dispatch(True)
+
+
+def _called_through_the_dispatcher(handle: Any, keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+    """`redispatch_boxed`'s stand-in: the operator called from the top of the dispatcher, where RecordFunction
+    sees it, with the caller's thread-local dispatch keys (the `keyset` is not needed to reach the kernel)."""
+    return torch._C._dispatch_call_boxed(handle, *args, **kwargs)
 
 
 def _refused(name: str, *args: object, **kwargs: object) -> None:
