@@ -45,7 +45,7 @@ def refuse_switches() -> None:
             setattr(module, name, functools.partial(_refused, name))
 
 
-def record_redispatches() -> None:
+def make_redispatch_a_call() -> None:
     """Leave Python no redispatch that the observer does not see. `OpOverload.redispatch` and an operator handle's
     `redispatch_boxed` run an operator's kernel for a dispatch key of the caller's choice, below the dispatcher's
     RecordFunction: a Python redispatch of `aten::mkldnn_convolution` to the CPU key convolved unseen. The
@@ -63,7 +63,8 @@ def record_redispatches() -> None:
 
 def _called_through_the_dispatcher(handle: Any, keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
     """`redispatch_boxed`'s stand-in: the operator called from the top of the dispatcher, where RecordFunction
-    sees it, with the caller's thread-local dispatch keys (the `keyset` is not needed to reach the kernel)."""
+    sees it. The `keyset` is dropped: torch's one caller is inside `_AutoDispatchBelowAutograd`, whose thread-local
+    keys lead the call to the kernel the keyset named."""
     return torch._C._dispatch_call_boxed(handle, *args, **kwargs)
 
 
