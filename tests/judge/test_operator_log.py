@@ -108,3 +108,29 @@ def test_a_line_written_by_another_hand_is_tampering(library):
 
 def test_a_second_start_is_refused(library):
     _in_child(library, 'second = observer.start(library, 1, 0)\nassert "started already" in second, second\n')
+
+
+_SWITCHED_OFF = """
+torch.autograd._enable_record_function(False)
+conv()
+torch.autograd._enable_record_function(True)
+"""
+
+
+def test_memory_allocated_with_record_function_off_is_tampering(library):
+    log = _in_child(library, 'observer.epoch("e1")\n' + _SWITCHED_OFF + 'observer.mark("m1")\n')
+    with pytest.raises(Tampered, match="RecordFunction switched off"):
+        log.expect_mark("m1", "call 1")
+    assert "aten::conv1d" not in log.ops
+
+
+def test_record_function_off_before_the_epoch_is_not_the_candidates(library):
+    log = _in_child(library, _SWITCHED_OFF + 'observer.epoch("e1")\nconv()\nobserver.mark("m1")\n')
+    log.expect_mark("m1", "call 1")
+    assert "aten::conv1d" in log.ops
+
+
+def test_the_library_exports_nothing_but_its_entry_point(library):
+    done = subprocess.run(["nm", "-D", "--defined-only", library], capture_output=True, text=True, check=True)
+    assert [line.split()[-1] for line in done.stdout.splitlines()] == [observer_library.ENTRY_POINT], done.stdout
+    assert "no symbols" in subprocess.run(["nm", library], capture_output=True, text=True).stderr

@@ -1,11 +1,13 @@
 """The judge's reading of the operator observer: what the candidate's process dispatched, as the observer wrote
-it to a pipe only the judge reads, each line tagged under a key only the observer and the judge hold.
+it to a pipe only the judge reads, each line tagged under a key only the observer and the judge hold; the key
+moves on after every line (`ratchet`), on both sides.
 
 The observer (`tools/runner/observer.cpp`) runs in the candidate's process, so what it records is evidence
 rather than proof; what this log adds is that tampering with it shows. A call whose mark does not arrive (the
 callback removed, RecordFunction cleared, the runner's mark skipped), a line with a wrong tag or out of sequence
-(written by someone else, or by a second copy of the library) are `suspicious`. Only what
-arrives after the epoch mark of the candidate's load counts: before it the runner ran the reference itself.
+(written by someone else, or by a second copy of the library), and an operator that allocated memory while
+RecordFunction was switched off on its thread, are `suspicious`. Only what arrives after the epoch mark of the
+candidate's load counts: before it the runner ran the reference itself.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ KEY_BYTES = 16
 MARK_WAIT_S = 5.0
 """how long the judge waits for a call's mark after the runner's answer (it follows within microseconds)"""
 LONGEST_LINE = 512
+RATCHET_LABELS = (b"kernelloop.ratchet.0", b"kernelloop.ratchet.1")
 
 
 class Tampered(Exception):
@@ -113,6 +116,14 @@ class OperatorLog:
         if sequence != str(self._next_sequence):
             raise Tampered(f"the observer's lines are out of sequence ({sequence} where {self._next_sequence} was due)")
         self._next_sequence += 1
+        self.key = ratchet(self.key)
+        if kind == "off":
+            if self._candidate_era:
+                raise Tampered(
+                    "an operator allocated memory with RecordFunction switched off on its thread "
+                    "(at::RecordFunctionGuard in compiled code): it ran unseen by the operator check"
+                )
+            return
         if kind == "op":
             if self._candidate_era:
                 self.ops.add(text)
@@ -123,6 +134,11 @@ class OperatorLog:
 
 
 _MASK = (1 << 64) - 1
+
+
+def ratchet(key: bytes) -> bytes:
+    """The key of the line after the one `key` tagged, as observer.cpp moves it on."""
+    return b"".join(siphash24(key, label).to_bytes(8, "little") for label in RATCHET_LABELS)
 
 
 def _rotl(x: int, b: int) -> int:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
+from typing import Any
 
 import torch
 
@@ -41,6 +43,29 @@ def refuse_switches() -> None:
     for module in (torch.autograd, torch._C._autograd):
         for name in _SWITCHES:
             setattr(module, name, functools.partial(_refused, name))
+
+
+def make_redispatch_a_call() -> None:
+    """Leave Python no redispatch that the observer does not see. `OpOverload.redispatch` and an operator handle's
+    `redispatch_boxed` run an operator's kernel for a dispatch key of the caller's choice, below the dispatcher's
+    RecordFunction: a Python redispatch of `aten::mkldnn_convolution` to the CPU key convolved unseen. The
+    handle's method is replaced by a call of the same operator through the dispatcher, and the original is let go
+    (torch's fast Python dispatch of its own operators held it bound: that is set up again), so no Python object
+    is left that redispatches. Refusing instead would break `torch.library.custom_op`: its autograd kernel, torch's
+    one caller, redispatches below autograd inside `_AutoDispatchBelowAutograd`, where the call reaches the same
+    kernel (and is recorded)."""
+    torch._C._DispatchOperatorHandle.redispatch_boxed = _called_through_the_dispatcher  # type: ignore[method-assign,assignment]
+    for op in gc.get_objects():
+        if issubclass(type(op), torch._ops.OpOverload) and op._pyobj_dispatcher is not None:  # no __class__ lookup
+            op._enable_pyobj_dispatch(False)
+            op._enable_pyobj_dispatch(True)
+
+
+def _called_through_the_dispatcher(handle: Any, keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+    """`redispatch_boxed`'s stand-in: the operator called from the top of the dispatcher, where RecordFunction
+    sees it. The `keyset` is dropped: torch's one caller is inside `_AutoDispatchBelowAutograd`, whose thread-local
+    keys lead the call to the kernel the keyset named."""
+    return torch._C._dispatch_call_boxed(handle, *args, **kwargs)
 
 
 def _refused(name: str, *args: object, **kwargs: object) -> None:

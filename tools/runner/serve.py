@@ -120,6 +120,7 @@ class Runner:
             if why_not:
                 return Started(error=why_not)
             observer.refuse_switches()
+            observer.make_redispatch_a_call()
         if request.forbidden_libraries:
             why_not = library_fence.fence_off(request.forbidden_libraries)
             if why_not:
