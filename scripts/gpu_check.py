@@ -7,8 +7,9 @@
    a CUDA template (tf32_wgmma on causal_conv1d), a Triton kernel (example_triton.py on causal_conv1d), a
    KernelBench level-1 file with a Triton solution (DIR/level1/30_Softsign.py, else a file of the same form from
    the tests) and the Mamba template (cuda_vectorized on mamba_causal_conv1d). Every compile first, side by side
-   (their builds share one data folder's build cache); then each path's test, bench and profile in turn, so no
-   two timings share the GPU.
+   and while the GPU tests run (builds are the CPUs' work; they share one data folder's build cache, so their
+   seconds include waiting for cores); then each path's test, bench and profile in turn, so no two timings share
+   the GPU.
 3. A null-suite sample: the first problem of each KernelBench level judged with its own reference as the kernel
    (scripts/null_suite.py), where DIR is given (else the row says it was not run).
 
@@ -168,7 +169,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernelbench", type=Path, help="the folder holding KernelBench's level folders")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernelloop-gpu-check"), help="logs, data, table")
-    parser.add_argument("--pytest-processes", type=int, default=4, help="pytest-xdist processes (0: one process)")
+    parser.add_argument("--pytest-processes", type=int, default=6, help="pytest-xdist processes (0: one process)")
     parser.add_argument("--skip-pytest", action="store_true", help="leave out step 1 (its row says so)")
     args = parser.parse_args()
     import torch
@@ -182,12 +183,13 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     print(f"gpu-check on {torch.cuda.get_device_name()}: work folder {args.work}", flush=True)
-    skipped = Row("pytest -m gpu", "tests", "not run", 0.0, "--skip-pytest")
-    rows = [skipped if args.skip_pytest else run_pytest(args.pytest_processes, args.work)]
     data_dir = args.work / "data"
     chosen = paths(args.kernelbench)
-    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
-        compiled = list(pool.map(lambda p: run_phase(p, "compile", data_dir), chosen))
+    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:  # builds take the CPUs while the GPU tests run
+        compiling = pool.map(lambda p: run_phase(p, "compile", data_dir), chosen)
+        skipped = Row("pytest -m gpu", "tests", "not run", 0.0, "--skip-pytest")
+        rows = [skipped if args.skip_pytest else run_pytest(args.pytest_processes, args.work)]
+        compiled = list(compiling)
     for path, compile_row in zip(chosen, compiled):
         rows.append(compile_row)
         for phase in PHASES[1:]:
