@@ -6,10 +6,10 @@
 2. Through the command line (`kernelloop compile|test|bench|profile FILE --backend cuda --json`), four paths:
    a CUDA template (tf32_wgmma on causal_conv1d), a Triton kernel (example_triton.py on causal_conv1d), a
    KernelBench level-1 file with a Triton solution (DIR/level1/30_Softsign.py, else a file of the same form from
-   the tests) and the Mamba template (cuda_vectorized on mamba_causal_conv1d). Every compile first, side by side
-   and while the GPU tests run (builds are the CPUs' work; they share one data folder's build cache, so their
-   seconds include waiting for cores); then each path's test, bench and profile in turn, so no two timings share
-   the GPU.
+   the tests) and the Mamba template (cuda_vectorized on mamba_causal_conv1d). Each path's compile, test and
+   profile run side by side with the other paths' and with the GPU tests (builds are the CPUs' work, correctness
+   is no timing, and a profile replays each kernel alone; the seconds include waiting for cores); the benches
+   come after, one at a time, so no timing shares the GPU.
 3. A null-suite sample: the first problem of each KernelBench level judged with its own reference as the kernel
    (scripts/null_suite.py), where DIR is given (else the row says it was not run).
 
@@ -111,6 +111,12 @@ def _detail(result: dict) -> str:
     return ""
 
 
+def run_untimed_phases(path: GpuPath, data_dir: Path) -> tuple[Row, Row, Row]:
+    """Compile, test and profile of one path: none of them is a timing another job's load could skew (a profile
+    replays each kernel alone), so they run beside the GPU tests; a failed compile leaves the rest to report it."""
+    return run_phase(path, "compile", data_dir), run_phase(path, "test", data_dir), run_phase(path, "profile", data_dir)
+
+
 def run_pytest(processes: int, work: Path) -> Row:
     """The GPU tests, their output shown as it comes and kept in WORK/pytest_gpu.log (with the slowest tests)."""
     argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-ra", "--durations=15"]
@@ -185,15 +191,13 @@ def main() -> int:
     print(f"gpu-check on {torch.cuda.get_device_name()}: work folder {args.work}", flush=True)
     data_dir = args.work / "data"
     chosen = paths(args.kernelbench)
-    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:  # builds take the CPUs while the GPU tests run
-        compiling = pool.map(lambda p: run_phase(p, "compile", data_dir), chosen)
+    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:  # builds and checks take the CPUs beside the tests
+        untimed = pool.map(lambda p: run_untimed_phases(p, data_dir), chosen)
         skipped = Row("pytest -m gpu", "tests", "not run", 0.0, "--skip-pytest")
         rows = [skipped if args.skip_pytest else run_pytest(args.pytest_processes, args.work)]
-        compiled = list(compiling)
-    for path, compile_row in zip(chosen, compiled):
-        rows.append(compile_row)
-        for phase in PHASES[1:]:
-            rows.append(run_phase(path, phase, data_dir))
+        untimed_rows = list(untimed)
+    for path, (compile_row, test_row, profile_row) in zip(chosen, untimed_rows):  # timings one at a time
+        rows += [compile_row, test_row, run_phase(path, "bench", data_dir), profile_row]
     rows.append(run_null_sample(args.kernelbench, args.work))
     wall_s = time.monotonic() - started
     print(table(rows))
