@@ -18,7 +18,7 @@ import importlib.util
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 _LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -83,22 +83,41 @@ def copy_of(libraries: Sequence[str], folders: Sequence[Path], maps: Path | None
     def named(path: str) -> bool:
         return any(fnmatch.fnmatchcase(os.path.basename(path), pattern) for pattern in patterns)
 
+    installed = [f for name in libraries if name in FILE_NAMES for f in library_files(name)]
+
+    def copy(path: str) -> bool:  # a link to the installed library is none: the fence denies what it points at
+        real = Path(path).resolve()
+        return named(path) and not any(real == f or f in real.parents for f in installed)
+
     for folder in folders:
-        for root, _, files in os.walk(folder):
-            found = next((os.path.join(root, f) for f in files if named(f)), None)
-            if found:
-                return found
+        found = next((f for f in _writable_files(folder) if copy(f)), None)
+        if found:
+            return found
     try:
         mapped = maps.read_text().splitlines() if maps is not None else []
     except OSError:
         mapped = []  # the process ended: its answers are over too
-    installed = [f for name in libraries if name in FILE_NAMES for f in library_files(name)]
     for line in mapped:  # torch maps the installed entry library itself: that one is no copy
         parts = line.split(maxsplit=5)
         path = Path(parts[-1].removesuffix(" (deleted)"))
-        if len(parts) == 6 and named(str(path)) and not any(path == f or f in path.parents for f in installed):
+        if len(parts) == 6 and copy(str(path)):
             return str(path)
     return None
+
+
+def _writable_files(folder: Path) -> Iterator[str]:
+    """The files below `folder` on a writable mount: what the sandbox shows read-only under it (an interpreter or
+    its packages bound below /tmp, the installed library among them) is the host's, not a copy, and is not walked.
+    A mount's flag is beyond the candidate's reach (no capabilities, no user namespace); a folder's mode is not."""
+    for root, folders, files in os.walk(folder):
+        try:
+            read_only = os.statvfs(root).f_flag & os.ST_RDONLY
+        except OSError:
+            continue  # gone since the walk listed it
+        if read_only:
+            folders.clear()
+            continue
+        yield from (os.path.join(root, f) for f in files)
 
 
 def fence_off(libraries: list[str], *, before_exec: bool = False) -> str | None:
