@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal, NoReturn, TypeVar
@@ -245,6 +246,8 @@ def _become_runner(socket_fd: int) -> NoReturn:
             signal.signal(number, signal.SIG_DFL)
         runner = importlib.import_module(RUNNER_MODULE)
         runner.main(socket_fd)
+    except BaseException:
+        os.write(2, f"the runner failed:\n{traceback.format_exc()}".encode(errors="replace"))
     finally:
         os._exit(1)  # never back into the judge's code
 
