@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from conftest import ONE_CHECK, PROBLEM
+from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM
 
 from kernelloop.tools import api
 from kernelloop.tools.jobs import EvalOptions
@@ -212,3 +214,25 @@ class ModelNew(nn.Module):
     assert kl.settings.isolation == "auto" and result.sandbox.isolation == "bubblewrap"
     assert seen["connect"] == "ConnectionRefusedError"  # the port answers here, above: nothing listens in there
     assert seen["database"] == "FileNotFoundError"  # readable here, above: the data folder is not in its view
+
+
+def test_a_compiler_installed_outside_the_system_folders_builds_in_the_sandbox(kl, monkeypatch, tmp_path):
+    """CXX naming a GCC installed in a folder of its own (the GPU machine's is /opt/gcc): the sandbox shows that
+    installation, its programs and libraries beside `bin`, and a C++ build passes (it ended in exit 127 before)."""
+    home = tmp_path / "gcc"
+    (home / "bin").mkdir(parents=True)
+    (home / "lib").mkdir()
+    (home / "lib" / "kernelloop-marker").write_text("a file of the compiler's installation, beside its bin\n")
+    compiler = home / "bin" / "g++"
+    compiler.write_text(
+        "#!/bin/sh\n"
+        'test -r "$(dirname "$0")/../lib/kernelloop-marker" || { echo "no installation beside bin" >&2; exit 3; }\n'
+        f'exec {shutil.which("g++")} "$@"\n'
+    )
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    code = CPU_EXAMPLE + f"\n# a build of its own: {uuid.uuid4()}\n"
+
+    result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
+
+    assert result.status == Status.passed, (result.status, result.message)

@@ -56,7 +56,8 @@ def make_redispatch_a_call() -> None:
     kernel (and is recorded)."""
     torch._C._DispatchOperatorHandle.redispatch_boxed = _called_through_the_dispatcher  # type: ignore[method-assign,assignment]
     for op in gc.get_objects():
-        if issubclass(type(op), torch._ops.OpOverload) and op._pyobj_dispatcher is not None:  # no __class__ lookup
+        # no __class__ lookup; torch before 2.14 has no fast Python dispatch, and its redispatch looks the method up
+        if issubclass(type(op), torch._ops.OpOverload) and getattr(op, "_pyobj_dispatcher", None) is not None:
             op._enable_pyobj_dispatch(False)
             op._enable_pyobj_dispatch(True)
 

@@ -65,11 +65,11 @@ def python_dirs() -> list[Path]:
 def foreign_package_dirs() -> list[Path]:
     """The package folders of other environments inside what the worker is shown (the system's Python, the base
     interpreter of a virtual environment): every one not on this interpreter's import path; and conda's package
-    cache and other environments beside the interpreter."""
+    cache and other environments beside the interpreter or a compiler (conda installs compilers too)."""
     own = {Path(p).resolve() for p in [*sys.path, sys.executable] if p}
-    prefixes = {Path("/usr"), Path("/usr/local"), *python_dirs()}
+    prefixes = {Path("/usr"), Path("/usr/local"), *python_dirs(), *compiler_dirs()}
     found = {Path(p) for prefix in prefixes for pattern in PACKAGE_FOLDERS for p in glob.glob(str(prefix / pattern))}
-    found.update(prefix / store for prefix in python_dirs() for store in PACKAGE_STORES)
+    found.update(prefix / store for prefix in [*python_dirs(), *compiler_dirs()] for store in PACKAGE_STORES)
     return sorted(p for p in found if p.is_dir() and not any(o.is_relative_to(p.resolve()) for o in own))
 
 
@@ -77,16 +77,31 @@ GPU_TOOLS = ("compute-sanitizer", "ncu")
 """tools the judge runs a candidate under (`kernelloop.tools.judge.gpu_tools`): their installation is shown too"""
 
 
+COMPILER_VARIABLES = ("CC", "CXX")
+"""the compilers builds use where they are set (the worker inherits them): shown with their installation"""
+
+
+def compiler_dirs() -> list[Path]:
+    """The installation folders of the compilers CC and CXX name (a GCC installed under /opt, say: its `bin`'s
+    parent, where its own programs and libraries lie)."""
+    dirs: list[Path] = []
+    for variable in COMPILER_VARIABLES:
+        found = shutil.which(os.environ.get(variable, "").split(" ")[0] or "-")
+        for program in {Path(found), Path(found).resolve()} if found else ():
+            dirs.append(program.parent.parent if program.parent.name == "bin" else program.parent)
+    return dirs
+
+
 def toolchain_dirs(cuda_home: str | None) -> list[Path]:
-    """The CUDA toolkit, its libraries, and the installation folders of the GPU tools, which may be links out of
-    the toolkit's `bin` (Nsight Compute installs beside it)."""
+    """The CUDA toolkit, its libraries, the installation folders of the GPU tools, which may be links out of the
+    toolkit's `bin` (Nsight Compute installs beside it), and of the compilers (`compiler_dirs`)."""
     dirs = [Path(cuda_home), Path(cuda_home).resolve()] if cuda_home else []
     dirs += [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
     for name in GPU_TOOLS:
         found = shutil.which(name) or (str(Path(cuda_home) / "bin" / name) if cuda_home else None)
         if found and Path(found).exists():
             dirs.append(Path(found).resolve().parent)
-    return dirs
+    return dirs + compiler_dirs()
 
 
 def _outermost(paths: Iterable[Path]) -> list[Path]:
