@@ -18,6 +18,7 @@ PROBLEM = REPO / "reference_problems" / "causal_conv1d" / "problem.py"
 
 SUBMISSION = """
 import os
+import sys
 import torch
 
 print("TOOL SUMMARY: forged by the candidate", flush=True)
@@ -37,6 +38,7 @@ except PermissionError:
     reached["cudnn"] = "EACCES"
 print("ATTACK reached:", reached, flush=True)
 print("environment:", os.environ.get("KERNELLOOP_UNDER_TOOL"), flush=True)
+print("runner module by its name:", "kernelloop.tools.runner.serve" in sys.modules, flush=True)
 
 
 class ModelNew(torch.nn.Module):
@@ -84,6 +86,7 @@ def test_a_runner_under_a_tool_answers_while_the_tool_alone_reports_to_the_judge
     assert "ATTACK reached:" in done.stderr, "the candidate's code did not run (or its output was lost)"
     assert "{'tool': 'EPERM', 'judge': 'EPERM', 'cudnn': 'EACCES'}" in done.stderr
     assert "environment: yes" in done.stderr, "the environment given for the tool did not reach the runner"
+    assert "runner module by its name: True" in done.stderr, "the runner under a tool is not the forked runner's module"
     assert outcome["started"] is None and outcome["loaded"] == "passed"
     assert run["returncode"] == 7 and not run["timed_out"] and run["signal"] is None
     assert run["output"].startswith("TOOL: watching ")

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -20,8 +21,10 @@ from pathlib import Path
 from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM
 
 from kernelloop.tools import api
+from kernelloop.tools.compilation import toolchain
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.results import Status
+from kernelloop.tools.sandbox import view
 
 # ---- a crash, a hang, a flood ----------------------------------------------------------------------
 
@@ -236,3 +239,22 @@ def test_a_compiler_installed_outside_the_system_folders_builds_in_the_sandbox(k
     result = api.run_tests(PROBLEM, code, "cpu", ONE_CHECK, kl.settings)
 
     assert result.status == Status.passed, (result.status, result.message)
+
+
+def test_nsight_compute_installed_apart_from_the_toolkit_is_shown(monkeypatch, tmp_path):
+    """The toolkit's `ncu` is a script that looks for Nsight Compute beside the toolkit or in /opt/nvidia (where the
+    H200's lies): the sandbox shows the installation it would find, or every profile ends before it starts."""
+    installed = tmp_path / "nvidia" / "nsight-compute" / "2025.3.1"
+    installed.mkdir(parents=True)
+    (installed / "ncu").write_text("the profiler's own program\n")
+    monkeypatch.setattr(view, "NSIGHT_COMPUTE_HOMES", (tmp_path / "nvidia",))
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    argv = view.bubblewrap_argv(
+        job_dir=job_dir, build_dir=None, read_only=[], hidden=[], cuda_home=toolchain.cuda_home(), gpu=False,
+        seccomp_fd=None,
+    )  # fmt: skip
+
+    done = subprocess.run([*argv, "cat", str(installed / "ncu")], capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 0 and done.stdout == "the profiler's own program\n", done.stderr

@@ -43,6 +43,9 @@ PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 POLL_S = 1.0
 RUNNER_MODULE = "kernelloop.tools.runner.serve"
 SPAWN_MODULE = "kernelloop.tools.runner.spawn"
+SPAWNED_RUNNER = f"import sys; import {RUNNER_MODULE} as serve; serve.main_spawned(int(sys.argv[1]), int(sys.argv[2]))"
+"""the runner under a GPU tool: its module imported by its name, as in a forked runner (`-m` would run it as
+__main__, and the runner under a tool would differ from the one it stands for in what a submission finds)"""
 TOOL_OUTPUT_CAP = 4 << 20
 
 
@@ -351,7 +354,7 @@ class RunnerLink:
         runner_output = os.dup(2)  # the runner writes where the judge does (the job's log), never into the tool's
         read_end, write_end = os.pipe()
         fences = [arg for library in fence for arg in ("--fence", library)]
-        runner = [sys.executable, "-P", "-m", RUNNER_MODULE, str(theirs.fileno()), str(runner_output)]
+        runner = [sys.executable, "-P", "-c", SPAWNED_RUNNER, str(theirs.fileno()), str(runner_output)]
         try:
             process = subprocess.Popen(
                 [sys.executable, "-P", "-m", SPAWN_MODULE, *fences, "--", *wrapper, *runner],

@@ -352,7 +352,3 @@ def main_spawned(socket_fd: int, output_fd: int) -> None:
         os.write(2, f"the runner could not fence off the tool it runs under: {exc}\n".encode())
         os._exit(1)
     main(socket_fd)
-
-
-if __name__ == "__main__":
-    main_spawned(int(sys.argv[1]), int(sys.argv[2]))

@@ -75,6 +75,8 @@ def foreign_package_dirs() -> list[Path]:
 
 GPU_TOOLS = ("compute-sanitizer", "ncu")
 """tools the judge runs a candidate under (`kernelloop.tools.judge.gpu_tools`): their installation is shown too"""
+NSIGHT_COMPUTE_HOMES = (Path("/opt/nvidia"),)
+"""where the toolkit's `ncu` (a script) looks for Nsight Compute's installation besides the toolkit itself"""
 
 
 COMPILER_VARIABLES = ("CC", "CXX")
@@ -101,6 +103,8 @@ def toolchain_dirs(cuda_home: str | None) -> list[Path]:
         found = shutil.which(name) or (str(Path(cuda_home) / "bin" / name) if cuda_home else None)
         if found and Path(found).exists():
             dirs.append(Path(found).resolve().parent)
+    for place in [*([Path(cuda_home)] if cuda_home else []), *NSIGHT_COMPUTE_HOMES]:
+        dirs += [Path(p) for p in glob.glob(str(place / "nsight-compute*"))]
     return dirs + compiler_dirs()
 
 
