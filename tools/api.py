@@ -36,6 +36,7 @@ from kernelloop.tools.results import (
     TestResult,
     compile_part,
 )
+from kernelloop.tools.sandbox.gpu_lease import GpuBusy, gpu_lease
 from kernelloop.tools.sandbox.worker_call import JobFolder, WorkerCall, call_worker
 from kernelloop.tools.sandbox.worker_pool import WorkerPool
 from kernelloop.tools.settings import SandboxSettings, get_sandbox_settings
@@ -159,8 +160,20 @@ def _run_phase(
         reused = verdict_cache.load(settings.cache_dir, key, step.problem)
         if reused is not None:
             return reused
-    call = _call(step, key, settings, on_progress, pool)
+    if step.backend == "cuda" and step.phase != "compile":
+        try:
+            exclusive = step.phase != "test"  # timings and profiles alone on the GPU; checks side by side
+            with gpu_lease(
+                settings.worker_gpus, settings.gpu_lease_dir, _timeout_s(step, settings), exclusive=exclusive
+            ) as waited:
+                call = _call(step, key, settings, on_progress, pool)
+        except GpuBusy as exc:
+            return _harness_failure(step, str(exc))
+    else:
+        waited, call = 0.0, _call(step, key, settings, on_progress, pool)
     result = _verdict(step, call, settings)
+    if waited >= 0.01:
+        result.step_seconds["gpu_lease_wait"] = round(waited, 3)
     compiled = compile_part(result)
     if compiled is not None:
         compiled.toolchain = fingerprint  # what the build cache keys on, from the host, never from the worker
@@ -212,12 +225,23 @@ def _call(
             WorkerReply,
             settings=settings,
             read_only=read_only,
-            timeout_s=step.options.timeout_s or getattr(settings, PHASES[step.phase].timeout_setting),
+            timeout_s=_timeout_s(step, settings),
             on_reply=on_reply,
             on_finish=on_finish,
             folder_prefix=step.phase,
             pool=pool,
         )
+
+
+def _timeout_s(step: Step, settings: SandboxSettings) -> float:
+    return step.options.timeout_s or float(getattr(settings, PHASES[step.phase].timeout_setting))
+
+
+def _harness_failure(step: Step, message: str) -> PhaseResult:
+    """A step that did not run, for a reason of the harness's (never the kernel's): `sandbox_error`."""
+    return PHASES[step.phase].result_type(
+        kind=step.phase, status=Status.sandbox_error, problem=step.problem.name, backend=step.backend, message=message
+    )
 
 
 def _verdict(step: Step, call: WorkerCall[WorkerReply], settings: SandboxSettings) -> PhaseResult:
@@ -256,13 +280,7 @@ def _too_large(step: Step, settings: SandboxSettings) -> PhaseResult | None:
     problem = memory_problem(step.problem, backend, limit, where)
     if problem is None:
         return None
-    return PHASES[phase].result_type(
-        kind=phase,
-        status=Status.sandbox_error,
-        problem=step.problem.name,
-        backend=backend,
-        message=f"{problem}: give the problem a smaller shape (the kernel was not run)",
-    )
+    return _harness_failure(step, f"{problem}: give the problem a smaller shape (the kernel was not run)")
 
 
 def _verdict_without_reply(step: Step, partial: Sequence[PhaseResult], report: SandboxReport) -> PhaseResult:

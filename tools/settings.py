@@ -120,6 +120,12 @@ class SandboxSettings(BaseSettings):
         "(tools/compilation/nvcc_parallel.py): a .cu that includes torch/extension.h compiles in about two thirds of "
         "nvcc's time; false: nvcc itself",
     )
+    gpu_lease_dir: Path | None = Field(
+        None,
+        description="where the processes of this host lease GPUs, one job at a time on each "
+        "(kernelloop.tools.sandbox.gpu_lease); every service sharing a GPU must name the same folder (default: "
+        "kernelloop-gpu-leases in the system's temporary folder)",
+    )
     worker_gpus: str | None = Field(
         None, description="CUDA_VISIBLE_DEVICES for sandboxed workers ('' hides every GPU); None: inherit"
     )

@@ -71,6 +71,12 @@ class StopSwitch:
             _CURRENT.reset(token)
 
 
+def stopped() -> bool:
+    """Whether the current step's switch has been thrown (for a step that waits before anything is registered)."""
+    switch = _CURRENT.get()
+    return switch is not None and switch.thrown
+
+
 @contextmanager
 def killable(proc: subprocess.Popen[bytes]) -> Iterator[None]:
     """While inside, the current step's switch (if there is one) kills `proc`, which must not be reaped yet."""

@@ -1,0 +1,136 @@
+"""A GPU's lease: one job at a time on a GPU across every process of the host, so no timing shares the device and
+no check finds its memory taken. Another process holds the lease here (as another service or test process would);
+no GPU is needed, only the lease's files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kernelloop.tools.sandbox import stop
+from kernelloop.tools.sandbox.gpu_lease import GpuBusy, gpu_ids, gpu_lease
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from kernelloop.tools.sandbox.gpu_lease import gpu_lease
+with gpu_lease(sys.argv[1], Path(sys.argv[2]), 30, exclusive=sys.argv[4] == "exclusive"):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[3]))
+print("released", flush=True)
+"""
+
+
+def _holder(gpu: str, folder: Path, hold_s: float, how: str = "exclusive", wait: bool = True) -> subprocess.Popen[str]:
+    """Another process of the host holding `gpu`'s lease (`how`: exclusive or shared) for `hold_s`; returns once it
+    holds it (with `wait`)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, gpu, str(folder), str(hold_s), how], stdout=subprocess.PIPE, text=True
+    )
+    if wait:
+        assert process.stdout is not None and process.stdout.readline().strip() == "held"
+    return process
+
+
+@pytest.fixture
+def gpu() -> str:
+    return f"GPU-{uuid.uuid4()}"  # a UUID as nvidia-smi names a GPU: no other test's lease
+
+
+def test_a_second_job_on_a_gpu_waits_until_the_first_has_ended(tmp_path, gpu):
+    holder = _holder(gpu, tmp_path, 1.5)
+    try:
+        started = time.monotonic()
+        with gpu_lease(gpu, tmp_path, 30, exclusive=True) as waited:
+            held_at = time.monotonic() - started
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "released"
+    finally:
+        holder.kill()
+    assert 1.2 <= held_at < 10 and abs(waited - held_at) < 0.5, (held_at, waited)
+
+
+def test_tests_share_a_gpu_and_a_benchmark_waits_for_them(tmp_path, gpu):
+    first = _holder(gpu, tmp_path, 1.5, "shared")
+    try:
+        with gpu_lease(gpu, tmp_path, 30, exclusive=False) as waited:
+            assert waited < 0.5, "a test waited for another test"
+        started = time.monotonic()
+        with gpu_lease(gpu, tmp_path, 30, exclusive=True):
+            held_at = time.monotonic() - started
+    finally:
+        first.kill()
+    assert held_at >= 1.0, "a benchmark was given the GPU while a test ran on it"
+
+
+def test_a_waiting_benchmark_goes_before_tests_that_come_after_it(tmp_path, gpu):
+    """Tests one after another, each overlapping the last, would otherwise keep a benchmark waiting for ever."""
+    running_test = _holder(gpu, tmp_path, 1.5, "shared")
+    benchmark = _holder(gpu, tmp_path, 1.0, "exclusive", wait=False)
+    time.sleep(0.5)  # the benchmark is waiting for the running test now
+    try:
+        started = time.monotonic()
+        with gpu_lease(gpu, tmp_path, 30, exclusive=False):
+            assert benchmark.stdout is not None and benchmark.stdout.readline().strip() == "held"
+            assert benchmark.stdout.readline().strip() == "released"
+            held_at = time.monotonic() - started
+    finally:
+        running_test.kill()
+        benchmark.kill()
+    assert held_at >= 1.5, "a test that came later went before the waiting benchmark"
+
+
+def test_jobs_on_different_gpus_do_not_wait_for_each_other(tmp_path, gpu):
+    holder = _holder(gpu, tmp_path, 30)
+    try:
+        with gpu_lease(f"GPU-{uuid.uuid4()}", tmp_path, 30, exclusive=True) as waited:
+            assert waited < 0.5
+    finally:
+        holder.kill()
+
+
+def test_a_lease_ends_with_its_process_however_it_ends(tmp_path, gpu):
+    holder = _holder(gpu, tmp_path, 600)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    with gpu_lease(gpu, tmp_path, 5, exclusive=True) as waited:
+        assert waited < 0.5
+
+
+def test_a_gpu_held_past_the_steps_time_limit_is_a_harness_failure_naming_it(tmp_path, gpu):
+    holder = _holder(gpu, tmp_path, 30)
+    try:
+        with pytest.raises(GpuBusy) as refused, gpu_lease(gpu, tmp_path, 0.5, exclusive=True):
+            pytest.fail("the lease was granted while another process held it")
+    finally:
+        holder.kill()
+    assert f"GPU {gpu} stayed busy with another job of this host" in str(refused.value)
+    assert str(tmp_path) in str(refused.value)
+
+
+def test_a_step_stopped_while_it_waits_for_the_gpu_ends_at_once(tmp_path, gpu):
+    holder = _holder(gpu, tmp_path, 30)
+    switch = stop.StopSwitch()
+    threading.Timer(0.3, switch.throw).start()
+    started = time.monotonic()
+    try:
+        with switch.under(), pytest.raises(GpuBusy, match="stopped"), gpu_lease(gpu, tmp_path, 30, exclusive=True):
+            pytest.fail("the lease was granted while another process held it")
+    finally:
+        holder.kill()
+    assert time.monotonic() - started < 3
+
+
+def test_gpus_are_named_as_the_host_knows_them():
+    """A worker's CUDA_VISIBLE_DEVICES entry names the GPU's lease (an index becomes its UUID where nvidia-smi
+    answers): the lanes of two services, each set to its GPU, lease different files."""
+    assert gpu_ids("GPU-a,GPU-b") == ["GPU-a", "GPU-b"]
+    assert gpu_ids("MIG-c") == ["MIG-c"]
+    assert len(gpu_ids("0")) == 1

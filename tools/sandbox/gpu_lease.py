@@ -1,0 +1,128 @@
+"""One job at a time on a GPU, whichever process of this host runs it.
+
+A timing is honest only on a GPU nothing else runs on (another process's kernels are time-sliced into the
+candidate's and the judge's calls alike, and the runner's calibrated overhead with them), and a large problem's
+check fits only where no other job holds the device's memory. One service runs one job per GPU lane, but several
+services may share a host: the command line's embedded services, test processes side by side, a second service.
+So every step that runs on a GPU (a test, a benchmark, a profile; a compile runs on the CPUs) first takes the
+GPU's lease, a lock on a file named for the GPU's UUID in one folder of the host: a benchmark or a profile alone
+(exclusive: each reports times), tests side by side (shared: they time nothing). A benchmark or profile that
+waits goes first: it holds the GPU's turnstile, which a test passes through before it shares the lease, so a
+stream of tests cannot keep it waiting. The kernel drops a lock when its
+holder exits, however it exits, so no lease outlives its process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from kernelloop.tools.sandbox import stop
+
+DEFAULT_LEASE_DIR = Path(tempfile.gettempdir()) / "kernelloop-gpu-leases"
+POLL_S = 0.05
+
+
+class GpuBusy(RuntimeError):
+    """The GPU stayed leased to another job for longer than the step may wait, or the step was stopped."""
+
+
+@contextmanager
+def gpu_lease(visible: str | None, lease_dir: Path | None, wait_s: float, *, exclusive: bool) -> Iterator[float]:
+    """Hold the lease of every GPU a worker with CUDA_VISIBLE_DEVICES=`visible` sees (None: the host's setting,
+    else every GPU) while inside, `exclusive` or shared; yields the seconds it waited. GpuBusy after `wait_s`
+    without it, or at once when the current step is stopped meanwhile."""
+    folder = lease_dir or DEFAULT_LEASE_DIR
+    _make_shared_folder(folder)
+    deadline = _Deadline(time.monotonic(), wait_s, folder)
+    with ExitStack() as held:
+        for gpu in sorted(set(gpu_ids(visible))):  # one order everywhere: two jobs never hold one each
+            turnstile = held.enter_context(open(_lease_file(folder, gpu, "turnstile"), "a"))
+            lease = held.enter_context(open(_lease_file(folder, gpu, "lease"), "a"))
+            deadline.wait_for(turnstile.fileno(), fcntl.LOCK_EX, gpu)
+            if exclusive:  # holding the turnstile, so no new test starts while this one waits
+                deadline.wait_for(lease.fileno(), fcntl.LOCK_EX, gpu)
+            fcntl.flock(turnstile.fileno(), fcntl.LOCK_UN)
+            if not exclusive:
+                deadline.wait_for(lease.fileno(), fcntl.LOCK_SH, gpu)
+        yield time.monotonic() - deadline.started
+
+
+class _Deadline:
+    def __init__(self, started: float, wait_s: float, folder: Path):
+        self.started, self.wait_s, self.folder = started, wait_s, folder
+
+    def wait_for(self, fd: int, how: int, gpu: str) -> None:
+        """Take the lock `how` on `fd`, polling until the deadline or the step's stop."""
+        while not _try_lock(fd, how):
+            waited = time.monotonic() - self.started
+            if stop.stopped():
+                raise GpuBusy(f"the step was stopped while it waited {waited:.0f} s for GPU {gpu}")
+            if waited >= self.wait_s:
+                raise GpuBusy(
+                    f"GPU {gpu} stayed busy with another job of this host for {waited:.0f} s, the step's time "
+                    f"limit (its lease is held in {self.folder}): run again once that job has ended"
+                )
+            time.sleep(POLL_S)
+
+
+def gpu_ids(visible: str | None) -> list[str]:
+    """Host-wide names of the GPUs a worker sees: UUIDs where nvidia-smi gives them (an index means another GPU
+    under another CUDA_VISIBLE_DEVICES), else the entries as they are."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    uuids = _uuids_by_index()
+    entries = [e.strip() for e in visible.split(",") if e.strip()] if visible is not None else list(uuids) or ["0"]
+    return [uuids.get(entry, entry) for entry in entries]
+
+
+@functools.cache
+def _uuids_by_index() -> dict[str, str]:
+    """nvidia-smi's index -> UUID of every GPU of the host (the service itself never opens a CUDA context)."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    pairs = [line.split(",") for line in done.stdout.splitlines() if done.returncode == 0 and "," in line]
+    return {index.strip(): uuid.strip() for index, uuid in pairs}
+
+
+def _lease_file(folder: Path, gpu: str, part: str) -> Path:
+    path = folder / ("".join(c if c.isalnum() or c in "-_" else "_" for c in gpu) + f".{part}")
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        path.chmod(0o666)  # past the umask: services of other users on the host take the same lease
+    except FileExistsError:
+        pass
+    return path
+
+
+def _make_shared_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True)
+        folder.chmod(0o1777)  # like /tmp: anyone makes a lease file, nobody removes another's
+    except FileExistsError:
+        pass
+
+
+def _try_lock(fd: int, how: int) -> bool:
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
