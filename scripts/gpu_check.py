@@ -99,11 +99,13 @@ def run_phase(path: GpuPath, phase: str, data_dir: Path) -> Row:
 
 def _detail(result: dict) -> str:
     """What a person wants beside the verdict: the speedups of a bench, the kernels of a profile, or the message."""
+    if "geomean_speedup" in result and result.get("shapes"):  # with what the envelope could not account for
+        timed = [s for s in result["shapes"] if s.get("speedup") is not None]
+        speedups = ", ".join(f"{s['speedup']:.3f} ({s.get('unaccounted_ms') or 0:.2f} ms)" for s in timed)
+        message = f"{result.get('message') or ''}: " if result.get("status") != "passed" else ""
+        return f"{message}speedup (unaccounted a call) {speedups}"
     if result.get("status") != "passed":
         return (result.get("message") or "")[:300]
-    if "geomean_speedup" in result and result.get("shapes"):
-        speedups = ", ".join(f"{s['speedup']:.3f}" for s in result["shapes"] if s.get("speedup") is not None)
-        return f"speedup {speedups}"
     if "kernels" in result:
         return f"{len(result['kernels'])} kernel(s) profiled"
     if "checks" in result:
