@@ -36,6 +36,7 @@ from kernelloop.contract import (
     RunUpdate,
     SubmissionRequest,
     SuiteCreate,
+    SuiteEntriesAdd,
     SuitePublic,
     ToolsCatalog,
 )
@@ -197,6 +198,15 @@ class ServiceClient:
         """Queue every solution of the suite; answers at once (follow it with `suite`)."""
         return await self._call(
             "POST", "/v1/suites", SuitePublic, json=request.model_dump(mode="json", exclude_none=True)
+        )
+
+    async def add_suite_entries(self, suite_id: int, request: SuiteEntriesAdd) -> SuitePublic | ServiceFailure:
+        """Queue more solutions into a suite (one run in pieces); the entries it has are kept."""
+        return await self._call(
+            "POST",
+            f"/v1/suites/{suite_id}/entries",
+            SuitePublic,
+            json=request.model_dump(mode="json", exclude_none=True),
         )
 
     async def suite(self, suite_id: int) -> SuitePublic | ServiceFailure:

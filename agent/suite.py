@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
-from kernelloop.contract import ProblemCreate, SuiteCreate, SuiteEntryCreate, SuitePublic
+from kernelloop.contract import ProblemCreate, SuiteCreate, SuiteEntriesAdd, SuiteEntryCreate, SuitePublic
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import problem_name, problem_sets
 from kernelloop.tools.results import Backend
@@ -108,13 +108,16 @@ async def run_suite(
     options: EvalOptions | None,
     on_update: Callable[[SuitePublic], None] | None = None,
     timeout_s: float = 24 * 3600.0,
+    resume: int | None = None,
 ) -> SuiteOutcome | ServiceFailure:
     """Register, submit and follow the suite until every solution has its verdict (or `timeout_s` passes:
-    then the suite as it stands, still running in the service)."""
+    then the suite as it stands, still running in the service). With `resume`, the suite of that id goes on: its
+    entries are kept (those a stopped service left unfinished are queued again when it starts) and the plan's
+    problems it lacks are added."""
     renamed = await register_all(client, plan)
     kept = [p for p in plan if p.name]
     left_out = [p for p in plan if not p.name]
-    if not kept:
+    if not kept and resume is None:
         return SuiteOutcome(suite=None, left_out=left_out, renamed=renamed)
     entries = [
         SuiteEntryCreate(
@@ -125,7 +128,10 @@ async def run_suite(
         )
         for p in kept
     ]
-    suite = await client.create_suite(SuiteCreate(name=name, backend=backend, options=options, entries=entries))
+    if resume is None:
+        suite = await client.create_suite(SuiteCreate(name=name, backend=backend, options=options, entries=entries))
+    else:
+        suite = await _resumed(client, resume, entries, options)
     deadline = time.monotonic() + timeout_s
     while not isinstance(suite, ServiceFailure):
         if on_update is not None:
@@ -135,3 +141,17 @@ async def run_suite(
         await asyncio.sleep(POLL_S)
         suite = await client.suite(suite.id)
     return suite
+
+
+async def _resumed(
+    client: ServiceClient, suite_id: int, entries: list[SuiteEntryCreate], options: EvalOptions | None
+) -> SuitePublic | ServiceFailure:
+    """The suite `suite_id` with the entries it lacks added."""
+    suite = await client.suite(suite_id)
+    if isinstance(suite, ServiceFailure):
+        return suite
+    have = {e.problem for e in suite.entries}
+    missing = [e for e in entries if e.problem not in have]
+    if not missing:
+        return suite
+    return await client.add_suite_entries(suite_id, SuiteEntriesAdd(options=options, entries=missing))

@@ -371,12 +371,31 @@ class SuiteCreate(BaseModel):
     @field_validator("entries")
     @classmethod
     def _one_entry_per_problem(cls, entries: list[SuiteEntryCreate]) -> list[SuiteEntryCreate]:
-        seen: set[str] = set()
-        for i, entry in enumerate(entries):
-            if entry.problem in seen:
-                raise ValueError(f"entries[{i}]: problem {entry.problem!r} appears twice; give each problem once")
-            seen.add(entry.problem)
-        return entries
+        return _one_entry_per_problem(entries)
+
+
+class SuiteEntriesAdd(BaseModel):
+    """Body of POST /v1/suites/{id}/entries: more problems for a suite (a suite run in pieces), judged on the
+    suite's backend; its entries so far are kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    options: EvalOptions | None = PydanticField(None, description="as for POST /v1/suites (give the same again)")
+    entries: list[SuiteEntryCreate] = PydanticField(min_length=1, max_length=MAX_SUITE_ENTRIES)
+
+    @field_validator("entries")
+    @classmethod
+    def _one_entry_per_problem(cls, entries: list[SuiteEntryCreate]) -> list[SuiteEntryCreate]:
+        return _one_entry_per_problem(entries)
+
+
+def _one_entry_per_problem(entries: list[SuiteEntryCreate]) -> list[SuiteEntryCreate]:
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        if entry.problem in seen:
+            raise ValueError(f"entries[{i}]: problem {entry.problem!r} appears twice; give each problem once")
+        seen.add(entry.problem)
+    return entries
 
 
 class SuiteEntryPublic(BaseModel):
@@ -392,6 +411,11 @@ class SuiteEntryPublic(BaseModel):
     correct: bool = PydanticField(description="the solution passed run_tests on every correctness shape")
     speedup: float | None = PydanticField(description="geometric-mean speedup over the reference, when benchmarked")
     message: str = ""
+    seconds: dict[str, float] = PydanticField(
+        default_factory=dict,
+        description="where the solution's time went: `KIND` (compile, test, benchmark) on its lane, `KIND.queued` "
+        "before it, `KIND.STEP` for each step the phase reports (worker_start, runner_start, load, ...)",
+    )
 
 
 class SuiteLevel(BaseModel):

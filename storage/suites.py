@@ -49,6 +49,11 @@ def entry(
     )
 
 
+def problem_ids(session: Session, suite_id: int) -> set[int]:
+    """The problems a suite has an entry for."""
+    return set(session.exec(select(SuiteEntry.problem_id).where(SuiteEntry.suite_id == suite_id)).all())
+
+
 def list_suites(session: Session, limit: int, offset: int) -> tuple[list[Suite], int]:
     total = session.exec(select(func.count()).select_from(Suite)).one()
     rows = session.exec(select(Suite).order_by(col(Suite.id).desc()).offset(offset).limit(limit)).all()
@@ -64,11 +69,15 @@ def suite_public(session: Session, suite: Suite) -> SuitePublic:
         .where(SuiteEntry.suite_id == row_id(suite))
         .order_by(col(SuiteEntry.id))
     ).all()
-    failures = _failure_messages(session, [entry.attempt_id for entry, *_ in rows if entry.attempt_id is not None])
+    attempt_ids = [entry.attempt_id for entry, *_ in rows if entry.attempt_id is not None]
+    failures = _failure_messages(session, attempt_ids)
+    seconds = _phase_seconds(session, attempt_ids)
     entries = [
         _entry_public(entry, problem, attempt, job, failures.get(entry.attempt_id or 0, ""))
         for entry, problem, attempt, job in rows
     ]
+    for e in entries:
+        e.seconds = seconds.get(e.attempt_id or 0, {})
     levels = sorted({e.level for e in entries}, key=_level_order)
     metrics = [level_metrics(level, [e for e in entries if e.level == level]) for level in levels]
     if len(levels) > 1:
@@ -94,6 +103,21 @@ def _failure_messages(session: Session, attempt_ids: list[int]) -> dict[int, str
         .order_by(col(Evaluation.id))
     ).all()
     return {e.attempt_id: f"{e.kind}: {e.message}" for e in failed}
+
+
+def _phase_seconds(session: Session, attempt_ids: list[int]) -> dict[int, dict[str, float]]:
+    """Where each attempt's time went, phase by phase: `KIND` from its start to its end on a lane, `KIND.queued`
+    before that, and `KIND.STEP` for each step the phase reports (worker start, runner start, load, the judge's
+    reference and checks, timing)."""
+    spent: dict[int, dict[str, float]] = {}
+    for e in session.exec(select(Evaluation).where(col(Evaluation.attempt_id).in_(attempt_ids))).all():
+        times = spent.setdefault(e.attempt_id, {})
+        if e.started_at is not None and e.finished_at is not None:
+            times[e.kind] = round((e.finished_at - e.started_at).total_seconds(), 3)
+            times[f"{e.kind}.queued"] = round((e.started_at - e.created_at).total_seconds(), 3)
+        for step, value in (e.result.get("step_seconds") or {}).items():
+            times[f"{e.kind}.{step}"] = round(float(value), 3)
+    return spent
 
 
 def _entry_public(

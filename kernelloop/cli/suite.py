@@ -66,24 +66,33 @@ def format_suite(outcome: SuiteOutcome) -> str:
 
 
 class _Progress:
-    """One line on stderr as verdicts come in (only on a terminal)."""
+    """Progress on stderr as verdicts come in: on a terminal one line, rewritten; elsewhere (a log, a pipe) a plain
+    line for each entry as it ends, so a run cut short has said what it judged."""
 
     def __init__(self) -> None:
         self.started = time.monotonic()
-        self.enabled = sys.stderr.isatty()
+        self.terminal = sys.stderr.isatty()
+        self.reported: set[tuple[str, str]] = set()
 
     def __call__(self, suite: SuitePublic) -> None:
-        if not self.enabled:
-            return
-        done = sum(1 for e in suite.entries if e.status != "pending")
-        correct = sum(1 for e in suite.entries if e.correct)
+        done = [e for e in suite.entries if e.status != "pending"]
         elapsed = time.monotonic() - self.started
-        sys.stderr.write(
-            f"\r\033[Ksuite {suite.id}: {done}/{len(suite.entries)} done, {correct} correct ({elapsed:.0f} s)"
-        )
+        count = f"{len(done)}/{len(suite.entries)} done"
+        if self.terminal:
+            correct = sum(1 for e in suite.entries if e.correct)
+            sys.stderr.write(f"\r\033[Ksuite {suite.id}: {count}, {correct} correct ({elapsed:.0f} s)")
+            if suite.status == "finished":
+                sys.stderr.write("\n")
+        for e in done:
+            if not self.terminal and (e.level, e.problem) not in self.reported:
+                self.reported.add((e.level, e.problem))
+                speedup = f" {e.speedup:.3f}x" if e.speedup is not None else ""
+                spent = ", ".join(f"{k} {v:.1f} s" for k, v in e.seconds.items() if "." not in k)
+                sys.stderr.write(
+                    f"suite {suite.id}: {e.level}/{e.problem} {e.status}{speedup}"
+                    f"{f' ({spent})' if spent else ''} [{count}, {elapsed:.0f} s]\n"
+                )
         sys.stderr.flush()
-        if suite.status == "finished":
-            sys.stderr.write("\n")
 
 
 def suite_options(args: argparse.Namespace) -> EvalOptions:
@@ -124,6 +133,7 @@ def _run(args: argparse.Namespace) -> int:
                     options=options,
                     on_update=_Progress(),
                     timeout_s=args.timeout,
+                    resume=args.resume,
                 )
 
         outcome = asyncio.run(main())
@@ -133,6 +143,12 @@ def _run(args: argparse.Namespace) -> int:
     print(outcome.model_dump_json(indent=2) if args.json else format_suite(outcome))
     finished = outcome.suite is not None and outcome.suite.status == "finished"
     return 0 if finished and not outcome.left_out else 1
+
+
+def _suite_id(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a suite id (a whole number from 1: GET /v1/suites)")
+    return int(text)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -159,6 +175,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "of their own, such as the null suite's, gain nothing from it)",
     )
     p.add_argument("--name", help="a label for the suite in the history")
+    p.add_argument(
+        "--resume",
+        type=_suite_id,
+        metavar="SUITE_ID",
+        help="go on with that suite (a suite run in pieces): its entries are kept, those a stopped service left "
+        "unfinished run when it starts again (same --data-dir, or the same --server), and the problems it lacks "
+        "are added",
+    )
     p.add_argument("--server", help="URL of a running kernelloop service (default: start one embedded)")
     p.add_argument("--data-dir", help="data folder of the embedded service (default .kernelloop)")
     p.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to wait for every verdict")

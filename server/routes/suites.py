@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from fastapi.concurrency import run_in_threadpool
 
-from kernelloop.contract import MAX_ID, ErrorBody, Page, SuiteCreate, SuitePublic
+from kernelloop.contract import MAX_ID, ErrorBody, Page, SuiteCreate, SuiteEntriesAdd, SuitePublic
 from kernelloop.server import suites
 from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
 from kernelloop.server.routes.deps import ServiceDep, SessionDep
@@ -28,6 +28,19 @@ async def create_suite(body: SuiteCreate, service: ServiceDep, client: MutationG
     """Queue an evaluate job for every entry with code; each is recorded as an attempt (proposer `suite`).
     Answers at once: GET /v1/suites/{id} until its status is finished."""
     return await run_in_threadpool(suites.submit_suite, service, body, client)
+
+
+@router.post(
+    "/suites/{suite_id}/entries",
+    response_model=SuitePublic,
+    responses={code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 422, 429)},
+)
+async def add_suite_entries(
+    suite_id: SuiteId, body: SuiteEntriesAdd, service: ServiceDep, client: MutationGuard
+) -> SuitePublic:
+    """More problems for a suite run in pieces (`kernelloop suite --resume ID`): each queued as at creation, on the
+    suite's backend; the entries it has are kept, and a problem it has already is refused (409)."""
+    return await run_in_threadpool(suites.add_entries, service, suite_id, body, client)
 
 
 @router.get("/suites/{suite_id}", response_model=SuitePublic, responses={404: {"model": ErrorBody}})

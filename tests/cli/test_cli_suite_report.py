@@ -75,3 +75,21 @@ def test_the_suite_judges_with_the_memory_check_unless_told_not_to() -> None:
     assert plain.memory_check and not without.memory_check
     script = (REPO / "scripts" / "null_suite.py").read_text()
     assert '"--no-memory-check"' in script
+
+
+def test_the_null_suites_table_says_where_the_time_went() -> None:
+    """Per level the median seconds a problem spent on lanes, then the median of every phase and step, largest
+    first: what the suite's speed work starts from."""
+    spec = importlib.util.spec_from_file_location("null_suite", REPO / "scripts" / "null_suite.py")
+    assert spec is not None and spec.loader is not None
+    null_suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(null_suite)
+    suite = _suite([f"{i}_Problem" for i in range(3)]).model_dump()
+    for i, entry in enumerate(suite["entries"]):
+        entry["seconds"] = {"compile": 2.0 + i, "test": 4.0, "test.worker_start": 3.0 + i, "benchmark": 1.0}
+
+    lines = null_suite.table(suite, 30.0, []).splitlines()
+
+    assert lines[1].split()[-1] == "8.0", lines  # compile 3 + test 4 + benchmark 1, the median problem
+    spent = [line for line in lines if line.startswith("median seconds a problem: ")]
+    assert spent == ["median seconds a problem: test 4.00, test.worker_start 4.00, compile 3.00, benchmark 1.00"]

@@ -250,3 +250,38 @@ def test_a_96_character_kernelbench_file_name_registers_as_it_is_on_every_path(
         detail = httpx.get(f"{service.url}/v1/problems/{KERNELBENCH_75}").json()
     assert listed[KERNELBENCH_75]["file_name"] == f"{KERNELBENCH_75}.py" == detail["file_name"]
     assert listed["causal_conv1d"]["file_name"] is None  # a shipped problem has none
+
+
+def test_a_suite_run_in_pieces_keeps_what_it_judged_and_adds_the_rest(
+    kernelbench_layout, session_root: Path, capsys
+) -> None:
+    """`--resume ID`: a first piece judges level1; the second, over both levels, keeps level1's verdicts (the same
+    attempts, nothing judged twice) and judges level2. Progress comes as a plain line per verdict when stderr is
+    not a terminal, and each entry says where its time went."""
+    problems, solutions = kernelbench_layout
+    settings = ServiceSettings(data_dir=session_root / "suite-pieces", problems_dir=session_root / "pieces-problems")
+    common = ["--backend", "cpu", "--time-budget", "0.3", "--json"]
+    with EmbeddedService(settings) as service:
+        first_code = main(["suite", str(problems / "level1"), str(solutions), "--server", service.url, *common])
+        first_out, first_err = capsys.readouterr()
+        first = json.loads(first_out)["suite"]
+        resumed_code = main(
+            ["suite", str(problems), str(solutions), "--server", service.url, "--resume", str(first["id"]), *common]
+        )
+        resumed = json.loads(capsys.readouterr().out)["suite"]
+        unknown_code = main(["suite", str(problems), str(solutions), "--server", service.url, "--resume", "999"])
+        unknown_err = capsys.readouterr().err
+        attempts = httpx.get(f"{service.url}/v1/attempts", params={"limit": 100}).json()["items"]
+
+    assert first_code == 0 and resumed_code == 0
+    assert {e["level"] for e in first["entries"]} == {"level1"}
+    assert resumed["id"] == first["id"] and resumed["status"] == "finished"
+    kept = {e["problem"]: e for e in resumed["entries"] if e["level"] == "level1"}
+    assert kept == {e["problem"]: e for e in first["entries"]}, "the first piece's verdicts changed"
+    assert [e["problem"] for e in resumed["entries"] if e["level"] == "level2"] == ["1_Relu_then_scale"]
+    assert len(attempts) == 3, [(a["id"], a["problem"]) for a in attempts]  # one per solution, none judged twice
+    wasteful = kept["1_Wasteful_add_one"]["seconds"]
+    assert {"compile", "test", "benchmark", "test.worker_start"} <= set(wasteful), wasteful
+    assert f"suite {first['id']}: level1/1_Wasteful_add_one passed " in first_err, first_err
+    assert f"suite {first['id']}: level1/2_Scale wrong_result" in first_err, first_err
+    assert unknown_code == 2 and "no suite 999" in unknown_err, unknown_err
