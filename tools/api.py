@@ -9,6 +9,7 @@ ProblemError before any worker starts.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -161,19 +162,18 @@ def _run_phase(
         if reused is not None:
             return reused
     if step.backend == "cuda" and step.phase != "compile":
-        try:
-            exclusive = step.phase != "test"  # timings and profiles alone on the GPU; checks side by side
-            with gpu_lease(
-                settings.worker_gpus, settings.gpu_lease_dir, _timeout_s(step, settings), exclusive=exclusive
-            ) as waited:
-                call = _call(step, key, settings, on_progress, pool)
-        except GpuBusy as exc:
-            return _harness_failure(step, str(exc))
+        # timings and profiles alone on the GPU; checks side by side, and alone once more if the judge ran out of
+        # memory beside another job's
+        run = functools.partial(_call, step, key, settings, on_progress, pool)
+        judged = _on_the_gpu(step, settings, run, exclusive=step.phase != "test")
+        if isinstance(judged[0], TestResult) and judged[0].judge_out_of_memory:
+            judged = _on_the_gpu(step, settings, run, exclusive=True)
+        result, call = judged
+        if call is None:
+            return result
     else:
-        waited, call = 0.0, _call(step, key, settings, on_progress, pool)
-    result = _verdict(step, call, settings)
-    if waited >= 0.01:
-        result.step_seconds["gpu_lease_wait"] = round(waited, 3)
+        call = _call(step, key, settings, on_progress, pool)
+        result = _verdict(step, call, settings)
     compiled = compile_part(result)
     if compiled is not None:
         compiled.toolchain = fingerprint  # what the build cache keys on, from the host, never from the worker
@@ -231,6 +231,23 @@ def _call(
             folder_prefix=step.phase,
             pool=pool,
         )
+
+
+def _on_the_gpu(
+    step: Step, settings: SandboxSettings, run: Callable[[], WorkerCall[WorkerReply]], *, exclusive: bool
+) -> tuple[PhaseResult, WorkerCall[WorkerReply] | None]:
+    """The step run (`run`) under its GPU's lease (`kernelloop.tools.sandbox.gpu_lease`), and its call; no call
+    when the GPU stayed busy past the step's time limit."""
+    lease = gpu_lease(settings.worker_gpus, settings.gpu_lease_dir, _timeout_s(step, settings), exclusive=exclusive)
+    try:
+        with lease as waited:
+            call = run()
+    except GpuBusy as exc:
+        return _harness_failure(step, str(exc)), None
+    result = _verdict(step, call, settings)
+    if waited >= 0.01:
+        result.step_seconds["gpu_lease_wait"] = round(waited, 3)
+    return result, call
 
 
 def _timeout_s(step: Step, settings: SandboxSettings) -> float:

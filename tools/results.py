@@ -240,6 +240,11 @@ class TestResult(PhaseResult):
         "passed, or the status of its first failing check",
     )
     checks: list[ShapeCheck] = []
+    judge_out_of_memory: bool = Field(
+        False,
+        description="the judge ran out of device memory for its own copies (a harness failure, never the kernel's); "
+        "a test that shared its GPU with other jobs is run again alone",
+    )
     parameter_mapping: str = Field("", description="how the reference's parameters were copied into ModelNew")
     ops_called: list[str] = Field([], description="aten operators the candidate's forward dispatched")
     memory_check: MemoryCheck | None = Field(

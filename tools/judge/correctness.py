@@ -90,6 +90,7 @@ def _checked(session: Session, shape: ShapeSpec, seed: int, result: TestResult) 
         return ShapeCheck(shape=shape.name, seed=seed, status=failure.status, message=failure.message)
     except (torch.OutOfMemoryError, MemoryError) as exc:  # in the judge's own copies or comparisons
         free_device_memory(session.device)
+        result.judge_out_of_memory = True
         what = f"the judge ran out of memory checking shape {shape.name}"
         return ShapeCheck(shape=shape.name, seed=seed, status=Status.sandbox_error, message=harness_failure(what, exc))
 
