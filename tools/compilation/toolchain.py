@@ -54,19 +54,26 @@ def wheel_include_dirs() -> list[str]:
 @lru_cache(maxsize=1)
 def gpu_arch() -> str | None:
     """Compute capability of the first visible GPU, e.g. '9.0', read without creating a CUDA context."""
+    rows = query_gpus("compute_cap")
+    return rows[0][0] if rows else None
+
+
+def query_gpus(fields: str) -> list[list[str]]:
+    """nvidia-smi's answer to `--query-gpu=FIELDS`, a row of values per visible GPU; [] without a GPU or a
+    driver (no CUDA context is created)."""
     if not shutil.which("nvidia-smi"):
-        return None
+        return []
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    caps = out.stdout.split()
-    return caps[0] if out.returncode == 0 and caps else None
+        return []
+    lines = out.stdout.splitlines() if out.returncode == 0 else []
+    return [[value.strip() for value in line.split(",")] for line in lines if line.strip()]
 
 
 def build_environment(settings: SandboxSettings) -> dict[str, str]:

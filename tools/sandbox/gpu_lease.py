@@ -17,14 +17,13 @@ from __future__ import annotations
 import fcntl
 import functools
 import os
-import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from kernelloop.tools.compilation import toolchain
 from kernelloop.tools.sandbox import stop
 
 DEFAULT_LEASE_DIR = Path(tempfile.gettempdir()) / "kernelloop-gpu-leases"
@@ -86,20 +85,8 @@ def gpu_ids(visible: str | None) -> list[str]:
 
 @functools.cache
 def _uuids_by_index() -> dict[str, str]:
-    """nvidia-smi's index -> UUID of every GPU of the host (the service itself never opens a CUDA context)."""
-    if shutil.which("nvidia-smi") is None:
-        return {}
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    pairs = [line.split(",") for line in done.stdout.splitlines() if done.returncode == 0 and "," in line]
-    return {index.strip(): uuid.strip() for index, uuid in pairs}
+    """Index -> UUID of every GPU of the host, as nvidia-smi numbers them."""
+    return {row[0]: row[1] for row in toolchain.query_gpus("index,uuid") if len(row) == 2}
 
 
 def _lease_file(folder: Path, gpu: str, part: str) -> Path:
