@@ -2,7 +2,7 @@
 
     python scripts/gpu_check.py [--kernelbench DIR] [--work DIR] [--pytest-processes N] [--skip-pytest]
 
-1. `pytest -m gpu`: the GPU tests (N processes, a test file each at a time).
+1. `pytest -m gpu`: the GPU tests (N processes, a test each at a time; the GPU lease keeps their benchmarks apart).
 2. Through the command line (`kernelloop compile|test|bench|profile FILE --backend cuda --json`), four paths:
    a CUDA template (tf32_wgmma on causal_conv1d), a Triton kernel (example_triton.py on causal_conv1d), a
    KernelBench level-1 file with a Triton solution (DIR/level1/30_Softsign.py, else a file of the same form from
@@ -123,7 +123,9 @@ def run_pytest(processes: int, work: Path) -> Row:
     """The GPU tests, their output shown as it comes and kept in WORK/pytest_gpu.log (with the slowest tests)."""
     argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-ra", "--durations=15"]
     if processes > 0:
-        argv += [f"--numprocesses={processes}", "--dist=loadfile"]
+        # test by test, not file by file: on the H200 one file's three Mamba tests (365 s) held one process while
+        # the others had finished
+        argv += [f"--numprocesses={processes}", "--dist=load"]
     started = time.monotonic()
     lines = []
     with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pytest:
