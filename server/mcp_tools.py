@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -37,12 +38,15 @@ from kernelloop.contract import (
     ProblemDetail,
     ProblemSummary,
     SubmissionRequest,
+    package_version,
 )
-from kernelloop.server.mcp_arguments import CheckedServer, invalid_arguments, refused, unreadable_text
+from kernelloop.server.mcp_arguments import CheckedServer, error_text, invalid_arguments, refused, unreadable_text
 from kernelloop.server.mcp_results import bounded, bounded_text, truncation_note
 from kernelloop.server.reads import MAX_LEADERBOARD, MAX_NAME_CHARS
+from kernelloop.server.service import unknown_problem
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import TOOLS, ToolName
+from kernelloop.tools.problems import PROBLEM_NAME_PATTERN
 from kernelloop.tools.results import Backend
 from kernelloop.tools.summaries import summarize_result
 
@@ -67,6 +71,26 @@ class Refused(Exception):
     def __init__(self, message: str, body: ErrorBody | None = None, status_code: int | None = None):
         super().__init__(message)
         self.body, self.status_code = body, status_code
+
+
+def refusal(body: ErrorBody, status_code: int, argument: str | None = None) -> Refused:
+    """A refusal of the service as the tools answer it, over either transport: in the words a client of the HTTP
+    API reads, the field named as the tool's argument (a submission's body fields are its arguments; `argument`
+    names the one a path or query parameter came from)."""
+    if body.field:
+        field = argument if argument and body.field.startswith(("path.", "query.")) else body.field
+        body = body.model_copy(update={"field": field.removeprefix("body.")})
+    return Refused(error_text(body, status_code), body, status_code)
+
+
+async def checked_name(calls: ServiceCalls, name: str, argument: str) -> str:
+    """`name` where it can be a problem's; a name no problem can have (`..`, `../runs`) is refused as the service
+    refuses an unknown name, whichever transport the tools call the service through (over HTTP such a name
+    would be a path, not a name)."""
+    if re.fullmatch(PROBLEM_NAME_PATTERN, name):
+        return name
+    unknown = unknown_problem(name, [problem.name for problem in await calls.problems()], argument)
+    raise refusal(unknown.body, unknown.status_code)
 
 
 class ServiceCalls(Protocol):
@@ -102,7 +126,7 @@ def build_mcp_server(connect: ConnectCalls) -> MCPServer:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     tools = [_phase_tool(name, spec.summary, connect) for name, spec in TOOLS.items()] + _read_tools(connect)
-    server = CheckedServer(tools, name="kernelloop", instructions=INSTRUCTIONS)
+    server = CheckedServer(tools, name="kernelloop", version=package_version(), instructions=INSTRUCTIONS)
     # the SDK's constructor configures the root logger (a rich handler at INFO): the process's logging is not its
     # to set, and with it every httpx request of `kernelloop agent run` was logged to the terminal
     root.handlers[:], root.level = handlers, level
@@ -154,7 +178,9 @@ def _read_tools(connect: ConnectCalls) -> list[Tool]:
 
     async def get_problem(name: ProblemName) -> CallToolResult:
         async with connect() as calls:
-            return await _answer(calls.problem(name), f"GET /v1/problems/{quote(name, safe='')}")
+            return await _answer(
+                calls.problem(await checked_name(calls, name, "name")), f"GET /v1/problems/{quote(name, safe='')}"
+            )
 
     async def get_attempt(attempt_id: AttemptId) -> CallToolResult:
         async with connect() as calls:
@@ -165,7 +191,8 @@ def _read_tools(connect: ConnectCalls) -> list[Tool]:
     ) -> CallToolResult:
         async with connect() as calls:
             return await _answer(
-                calls.leaderboard(problem, backend, limit), f"GET /v1/problems/{quote(problem, safe='')}/leaderboard"
+                calls.leaderboard(await checked_name(calls, problem, "problem"), backend, limit),
+                f"GET /v1/problems/{quote(problem, safe='')}/leaderboard",
             )
 
     described: dict[Callable[..., Awaitable[CallToolResult]], str] = {
@@ -186,7 +213,9 @@ def _register_resources(server: MCPServer, connect: ConnectCalls) -> None:
         if unreadable_text(name) is not None:
             raise ResourceNotFoundError(f"name: {name!r} is not a problem name (it is not valid text)")
         async with connect() as calls:
-            return await _resource(calls.problem(name), f"GET /v1/problems/{quote(name, safe='')}")
+            return await _resource(
+                calls.problem(await checked_name(calls, name, "name")), f"GET /v1/problems/{quote(name, safe='')}"
+            )
 
     @server.resource("kernelloop://attempts/{attempt_id}", mime_type="application/json", description="an attempt")
     async def attempt_resource(attempt_id: str) -> str:
