@@ -96,6 +96,7 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
         description="Build, test and time GPU kernels (KernelBench format) honestly, and keep the history.",
         docs_url=None,  # served by docs_page from installed files, not a CDN
         redoc_url=None,
+        openapi_url=None,  # served by openapi, behind the token
         dependencies=[Depends(refuse_what_the_route_does_not_take)],
     )
     app.state.service = service

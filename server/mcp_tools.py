@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import anyio
@@ -51,6 +51,7 @@ from kernelloop.tools.results import Backend
 from kernelloop.tools.summaries import summarize_result
 
 log = logging.getLogger("kernelloop.mcp")
+T = TypeVar("T")
 
 POLL_S = 1.0
 JOB_TIMEOUT_S = 3600.0
@@ -83,14 +84,14 @@ def refusal(body: ErrorBody, status_code: int, argument: str | None = None) -> R
     return Refused(error_text(body, status_code), body, status_code)
 
 
-async def checked_name(calls: ServiceCalls, name: str, argument: str) -> str:
-    """`name` where it can be a problem's; a name no problem can have (`..`, `../runs`) is refused as the service
-    refuses an unknown name, whichever transport the tools call the service through (over HTTP such a name
-    would be a path, not a name)."""
-    if re.fullmatch(PROBLEM_NAME_PATTERN, name):
-        return name
-    unknown = unknown_problem(name, [problem.name for problem in await calls.problems()], argument)
-    raise refusal(unknown.body, unknown.status_code)
+async def read_named(calls: ServiceCalls, name: str, argument: str, read: Callable[[str], Awaitable[T]]) -> T:
+    """`read(name)` where `name` can be a problem's; a name no problem can have (`..`, `../runs`) is refused as the
+    service refuses an unknown name, whichever transport the tools call the service through (over HTTP such a
+    name would be a path, not a name)."""
+    if not re.fullmatch(PROBLEM_NAME_PATTERN, name):
+        unknown = unknown_problem(name, [problem.name for problem in await calls.problems()], argument)
+        raise refusal(unknown.body, unknown.status_code)
+    return await read(name)
 
 
 class ServiceCalls(Protocol):
@@ -179,7 +180,7 @@ def _read_tools(connect: ConnectCalls) -> list[Tool]:
     async def get_problem(name: ProblemName) -> CallToolResult:
         async with connect() as calls:
             return await _answer(
-                calls.problem(await checked_name(calls, name, "name")), f"GET /v1/problems/{quote(name, safe='')}"
+                read_named(calls, name, "name", calls.problem), f"GET /v1/problems/{quote(name, safe='')}"
             )
 
     async def get_attempt(attempt_id: AttemptId) -> CallToolResult:
@@ -191,7 +192,7 @@ def _read_tools(connect: ConnectCalls) -> list[Tool]:
     ) -> CallToolResult:
         async with connect() as calls:
             return await _answer(
-                calls.leaderboard(await checked_name(calls, problem, "problem"), backend, limit),
+                read_named(calls, problem, "problem", lambda name: calls.leaderboard(name, backend, limit)),
                 f"GET /v1/problems/{quote(problem, safe='')}/leaderboard",
             )
 
@@ -214,7 +215,7 @@ def _register_resources(server: MCPServer, connect: ConnectCalls) -> None:
             raise ResourceNotFoundError(f"name: {name!r} is not a problem name (it is not valid text)")
         async with connect() as calls:
             return await _resource(
-                calls.problem(await checked_name(calls, name, "name")), f"GET /v1/problems/{quote(name, safe='')}"
+                read_named(calls, name, "name", calls.problem), f"GET /v1/problems/{quote(name, safe='')}"
             )
 
     @server.resource("kernelloop://attempts/{attempt_id}", mime_type="application/json", description="an attempt")
