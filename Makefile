@@ -6,15 +6,21 @@ BIN := $(VENV)/bin
 
 .PHONY: run test check gpu-check
 
-$(BIN)/.kernelloop-installed: pyproject.toml
+# What `make run` uses: torch and the project. The test extras (pytest, schemathesis, playwright, Ray, ruff, mypy)
+# come on top for `make test`, `make check` and `make gpu-check` (.kernelloop-installed: everything).
+$(BIN)/.kernelloop-run-installed: pyproject.toml
 	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } \
 	  || { echo "make: kernelloop runs submitted code only inside bubblewrap: install it (apt-get install bubblewrap)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.14.1
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(BIN)/.kernelloop-installed: $(BIN)/.kernelloop-run-installed
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-run: $(BIN)/.kernelloop-installed
+run: $(BIN)/.kernelloop-run-installed
 	$(BIN)/kernelloop agent run --problem causal_conv1d
 
 # Two test files at a time (pytest-xdist, a file's tests in one process): the suite spends about half its time

@@ -6,13 +6,17 @@ so far after a regression. The run ends on its budget (iterations, seconds), whe
 proposer is done, or when the service goes away; Ctrl-C cancels it and leaves it marked interrupted.
 The answer is the best attempt of the run that passed run_tests and a benchmark, as the service
 measured it. What a resumed run needs (steps used, seconds spent, the proposer's state) is kept in the
-run's meta after every step.
+run's meta after every step. A step the service evaluated while this loop was not there to see it (the
+agent stopped, the service restarted under it) is adopted when its kernel is proposed again: its job's verdict
+is read back, never evaluated a second time. While it runs, the loop tells the service every `heartbeat_s`
+that the run's client is alive (the service marks a silent run interrupted).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import signal
 import time
 from collections.abc import Iterator
@@ -35,7 +39,17 @@ from kernelloop.agent.models import (
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.proposers.base import LoopView, Proposer
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
-from kernelloop.contract import AttemptSummary, JobEventPublic, RunStatus, RunUpdate, SubmissionRequest
+from kernelloop.contract import (
+    TERMINAL_JOB_STATUSES,
+    AttemptSummary,
+    JobEventPublic,
+    JobPublic,
+    JobStatus,
+    RunStatus,
+    RunUpdate,
+    SubmissionRequest,
+)
+from kernelloop.tools.phase_registry import TOOLS
 
 REGRESSION_MARGIN = 0.97  # slower than 97% of the best counts as a regression
 FATAL_SERVICE_FAILURES = {"unreachable", "timeout", "server_error", "bad_response"}
@@ -73,8 +87,10 @@ class RunLoop:
         memory: LoopMemory | None = None,
         history: list[AttemptSummary] | None = None,
         best_path: Path | None = None,
+        heartbeat_s: float | None = None,
     ):
         self.config, self.client, self.proposer, self.run_id = config, client, proposer, run_id
+        self.heartbeat_s = heartbeat_s
         self.progress, self.best_path = progress, best_path
         self.memory = memory or LoopMemory()
         self.facts: dict[int, AttemptFacts] = {}
@@ -92,14 +108,20 @@ class RunLoop:
         self._started = time.monotonic()
         self._prior_seconds = self.memory.seconds
         self._prior_tokens = (self.memory.prompt_tokens, self.memory.completion_tokens)
+        self.unseen: dict[str, AttemptSummary] = {}
+        """attempts of steps after the last one this loop recorded, by their code's sha256: submitted, and evaluated
+        (or still being evaluated) by the service while no loop was there to record them"""
         for attempt in history or []:
             self._restore(attempt)
+            if attempt.step is not None and attempt.step > self.memory.steps:
+                self.unseen[attempt.code_sha256] = attempt
 
     # --------------------------------------------------------------------------------------- entry
     async def run(self) -> RunSummary:
         status, reason = "finished", ""
         tasks = [asyncio.create_task(self._guarded(t), name=f"trajectory-{t}") for t in range(self.config.parallel)]
         self._tasks = tasks
+        beat = asyncio.create_task(self._heartbeat(), name="heartbeat") if self.heartbeat_s else None
         with self._ctrl_c_stops(tasks):
             try:
                 await asyncio.gather(
@@ -110,6 +132,9 @@ class RunLoop:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+        if beat is not None:
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
         if self.interrupted:
             status, reason = "interrupted", "interrupted (Ctrl-C): the run is marked interrupted"
         if status == "finished":
@@ -141,6 +166,20 @@ class RunLoop:
         finally:
             loop.remove_signal_handler(signal.SIGINT)
             signal.signal(signal.SIGINT, previous)
+
+    async def _heartbeat(self) -> None:
+        """Every heartbeat_s, tell the service the run's client is alive; a run it marked interrupted meanwhile (no
+        word for its KERNELLOOP_RUN_TIMEOUT_S: this machine slept, the network was down) is reopened."""
+        assert self.heartbeat_s is not None
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            run = await self.client.update_run(self.run_id, RunUpdate())
+            if isinstance(run, ServiceFailure) or run.status != RunStatus.interrupted or self.interrupted:
+                continue
+            self.progress.note(f"the service marked run {self.run_id} interrupted ({run.notes}): reopening it")
+            await self.client.update_run(
+                self.run_id, RunUpdate(status=RunStatus.active, notes=f"reopened by its agent after: {run.notes}")
+            )
 
     # --------------------------------------------------------------------------------- trajectory
     async def _guarded(self, trajectory: int) -> None:
@@ -208,7 +247,7 @@ class RunLoop:
             problem=self.config.problem,
             code=proposal.code,
             backend=self.config.backend,
-            options=job_options(proposal.options, self.config),
+            options=job_options(proposal.options, self.config, proposal.tool),
             rationale=proposal.rationale or None,
             run_id=self.run_id,
             parent_attempt_id=parent,
@@ -221,7 +260,9 @@ class RunLoop:
         def watch(event: JobEventPublic) -> None:
             self.progress.job_event(step, event)
 
-        job = await self.client.submit(proposal.tool, request, on_event=watch)
+        job = await self._adopted(proposal)
+        if job is None:
+            job = await self.client.submit(proposal.tool, request, on_event=watch)
         seconds = time.monotonic() - started
         if isinstance(job, ServiceFailure):
             return self._service_failure(trajectory, step, proposal, parent, job, seconds)
@@ -243,6 +284,32 @@ class RunLoop:
             service_error=message if status == "service_error" else None,
         )
 
+    async def _adopted(self, proposal: Proposal) -> JobPublic | ServiceFailure | None:
+        """The job the service ran (or runs) for this kernel and tool in a step no loop recorded, followed to its
+        end; None when there is none and the kernel is to be evaluated now."""
+        unseen = self.unseen.pop(hashlib.sha256(proposal.code.encode()).hexdigest(), None)
+        if unseen is None:
+            return None
+        detail = await self.client.attempt(unseen.id)
+        if isinstance(detail, ServiceFailure):
+            return detail
+        phase = TOOLS[proposal.tool].phase
+        for job_id in sorted(detail.jobs, reverse=True):
+            job = await self.client.job(job_id)
+            if isinstance(job, ServiceFailure):
+                return job
+            if job.phase != phase or job.status in (JobStatus.failed, JobStatus.cancelled):
+                continue
+            self.progress.note(
+                f"attempt #{unseen.id} (step {unseen.step}) was submitted before: adopting its job {job.id} "
+                f"({job.status.value}) instead of evaluating it again"
+            )
+            self.lines = [line for line in self.lines if line.trajectory >= 0 or line.attempt_id != unseen.id]
+            if job.status in TERMINAL_JOB_STATUSES:
+                return job
+            return await self.client.follow(job.id)
+        return None
+
     def _service_failure(
         self,
         trajectory: int,
@@ -255,7 +322,7 @@ class RunLoop:
         if failure.kind in FATAL_SERVICE_FAILURES:
             self.fatal = (
                 f"the service stopped answering at step {step}: {failure}. The attempts so far are recorded; "
-                f"`kernelloop agent resume {self.run_id}` continues the run once the service is back"
+                f"`{self.progress.resume_command(self.run_id)}` continues the run once the service is back"
             )
         else:
             self.rejections_in_a_row += 1
@@ -344,7 +411,7 @@ class RunLoop:
                 parent_attempt_id=attempt.parent_id,
                 tool="evaluate",
                 label="(before resume)",
-                status=attempt.status,
+                status=attempt.status.value,
                 correct=attempt.correct,
                 speedup=attempt.speedup,
                 seconds=0.0,

@@ -14,16 +14,19 @@ from pydantic import BaseModel, Field, model_validator
 from kernelloop.agent.templates import Params
 from kernelloop.contract import JobPublic, JobStatus
 from kernelloop.tools.jobs import EvalOptions, Precision
-from kernelloop.tools.phase_registry import ToolName
+from kernelloop.tools.phase_registry import TOOLS, ToolName, steps_of
 from kernelloop.tools.results import Backend, PhaseResultAny, Status
 
 ProposerName = Literal["llm", "search", "replay"]
 ApiStyle = Literal["openai", "anthropic"]
 StepStatus = Status | Literal["service_error"]
 """What one step came to: the tool's verdict, or `service_error` when the service gave none."""
+LineStatus = StepStatus | Literal["pending", "failed", "cancelled"]
+"""A row of the run's table: a step's status, or for a row restored on resume its attempt's, which may be pending
+(its job still queued or running), failed or cancelled."""
 
 
-def status_text(status: StepStatus | Literal["pending"]) -> str:
+def status_text(status: LineStatus) -> str:
     """The status as a word (an f-string of a Status gives `Status.passed` on Python 3.11)."""
     return status.value if isinstance(status, Status) else status
 
@@ -89,11 +92,12 @@ class AgentRunConfig(BaseModel):
         return self.backend
 
 
-def job_options(proposed: EvalOptions | None, config: AgentRunConfig) -> EvalOptions | None:
+def job_options(proposed: EvalOptions | None, config: AgentRunConfig, tool: ToolName) -> EvalOptions | None:
     """A proposal's options as the run sends them: the run's own settings (the memory check, the precision) win
-    over what a proposer (a model) asked; with neither set, the proposal's options go out as they came."""
+    over what a proposer (a model) asked, where the tool's steps read them; with neither set, the proposal's options
+    go out as they came."""
     overrides: dict[str, Any] = {}
-    if not config.memory_check:
+    if not config.memory_check and "test" in steps_of(TOOLS[tool].phase):
         overrides["memory_check"] = False
     if config.precision is not None:
         overrides["precision"] = config.precision
@@ -175,7 +179,7 @@ class AttemptLine(BaseModel):
     parent_attempt_id: int | None
     tool: ToolName
     label: str
-    status: StepStatus
+    status: LineStatus
     correct: bool | None
     speedup: float | None
     seconds: float

@@ -41,11 +41,16 @@ class _Running:
 
 class Progress:
     """Prints to `stream` (stdout by default); `quiet` keeps only notes and the summary. `tick_s`: seconds
-    between live lines of a running step (default: `REDRAW_S` on a terminal, else `TICK_S`)."""
+    between live lines of a running step (default: `REDRAW_S` on a terminal, else `TICK_S`). `reach`: the flags
+    that reach this run's service again (`--server URL`, `--data-dir DIR`), which every command it suggests
+    carries."""
 
-    def __init__(self, stream: TextIO | None = None, *, quiet: bool = False, tick_s: float | None = None):
+    def __init__(
+        self, stream: TextIO | None = None, *, quiet: bool = False, tick_s: float | None = None, reach: str = ""
+    ):
         self.stream = stream or sys.stdout
         self.quiet = quiet
+        self.reach = reach
         self._started = time.monotonic()
         self._terminal = bool(getattr(self.stream, "isatty", lambda: False)())
         self.tick_s = tick_s if tick_s is not None else (REDRAW_S if self._terminal else TICK_S)
@@ -219,8 +224,15 @@ class Progress:
                 self._print(f"  {shape:34} {winner.speedup:8.3f}x  {winner.label}")
         if summary.prompt_tokens or summary.completion_tokens:
             self._print(f"tokens: {summary.prompt_tokens} prompt, {summary.completion_tokens} completion")
+        listing = self.command(f"history attempts --run {summary.run_id}")
         self._print(
-            f"{summary.steps} steps in {summary.seconds:.0f} s; `kernelloop history attempts --run {summary.run_id}` "
-            "lists them"
-            + (f"; `kernelloop agent resume {summary.run_id}` continues" if summary.status != "finished" else "")
+            f"{summary.steps} steps in {summary.seconds:.0f} s; `{listing}` lists them"
+            + (f"; `{self.resume_command(summary.run_id)}` continues" if summary.status != "finished" else "")
         )
+
+    def command(self, words: str) -> str:
+        """A `kernelloop` command line that reaches this run's service."""
+        return f"kernelloop {words}{' ' + self.reach if self.reach else ''}"
+
+    def resume_command(self, run_id: int | str) -> str:
+        return self.command(f"agent resume {run_id}")

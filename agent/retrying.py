@@ -1,20 +1,26 @@
 """One retry policy for every HTTP call the agent makes (the model API and the kernelloop service).
 
 Dropped connections, timeouts, 429 and 5xx are retried; Retry-After is honoured (seconds or an HTTP
-date, capped); otherwise the delay doubles from `base_delay_s` with jitter. The caller turns the last
-answer, or the last transport error, into a failure of its own kind.
+date, capped); otherwise the delay doubles from `base_delay_s` with jitter. A policy with an `outage_s`
+also waits out a server that does not answer at all (a refused or dropped connection, 502, 503 or 504 from
+a proxy in front of a restarting one) for that long, whatever the count of retries. The caller turns the
+last answer, or the last transport error, into a failure of its own kind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import httpx
+
+OUTAGE_STATUSES = frozenset({502, 503, 504})
+"""what a proxy answers while the server behind it is down or restarting"""
 
 
 def is_retryable(status_code: int) -> bool:
@@ -27,6 +33,8 @@ class RetryPolicy:
     base_delay_s: float = 1.0
     max_backoff_s: float = 60.0
     max_retry_after_s: float = 60.0
+    outage_s: float = 0.0
+    """how long to keep trying a server that does not answer at all (0: count it as any retry)"""
 
     def delay(self, retry: int, response: httpx.Response | None) -> float:
         """Seconds to wait before retry number `retry` (0 for the first)."""
@@ -52,22 +60,50 @@ class Answer:
     tries: int
 
     @property
+    def unanswered(self) -> bool:
+        """The server did not answer: no connection, a connection dropped, a proxy's 502/503/504 (a read
+        timeout is an answer too slow, not an outage: it is retried by count)."""
+        if self.error is not None:
+            return not isinstance(self.error, httpx.TimeoutException) or isinstance(self.error, httpx.ConnectTimeout)
+        return self.response is not None and self.response.status_code in OUTAGE_STATUSES
+
+    @property
     def exhausted(self) -> bool:
         """Every try failed in a way worth retrying."""
         return self.error is not None or (self.response is not None and is_retryable(self.response.status_code))
 
 
-async def send_with_retries(send: Callable[[], Awaitable[httpx.Response]], policy: RetryPolicy) -> Answer:
-    """Call `send` until it answers with a status that is not worth retrying, or the retries run out."""
-    answer = Answer(response=None, error=None, tries=0)
-    for retry in range(policy.retries + 1):
-        answer = Answer(response=None, error=None, tries=retry + 1)
+OutageWatcher = Callable[[float, "Answer"], None]
+"""told, before each wait in an outage, how many seconds it has lasted and the last try's answer"""
+
+
+async def send_with_retries(
+    send: Callable[[], Awaitable[httpx.Response]], policy: RetryPolicy, on_outage: OutageWatcher | None = None
+) -> Answer:
+    """Call `send` until it answers with a status that is not worth retrying, the retries run out, or (for a
+    server that does not answer) the policy's outage_s has passed."""
+    retries = waits = 0
+    outage_since: float | None = None
+    while True:
+        answer = Answer(response=None, error=None, tries=retries + waits + 1)
         try:
             answer.response = await send()
         except httpx.TransportError as exc:  # timeouts included
             answer.error = exc
         if not answer.exhausted:
             return answer
-        if retry < policy.retries:
-            await asyncio.sleep(policy.delay(retry, answer.response))
-    return answer
+        if policy.outage_s > 0 and answer.unanswered:
+            now = time.monotonic()
+            outage_since = now if outage_since is None else outage_since
+            left = policy.outage_s - (now - outage_since)
+            if left <= 0:
+                return answer
+            if on_outage is not None:
+                on_outage(now - outage_since, answer)
+            await asyncio.sleep(min(policy.delay(waits, answer.response), left))
+            waits += 1
+            continue
+        if retries >= policy.retries:
+            return answer
+        await asyncio.sleep(policy.delay(retries, answer.response))
+        retries += 1

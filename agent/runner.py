@@ -297,6 +297,7 @@ async def _loop(
         memory=memory,
         history=history,
         best_path=best_kernel_path(config, settings, run.id),
+        heartbeat_s=settings.heartbeat_s,
     )
     try:
         await loop.load_codes()

@@ -1,14 +1,17 @@
 """The agent's view of the kernelloop service: its HTTP API over httpx, answers parsed into the API's models.
 
 Every call returns the parsed answer or a `ServiceFailure` that says what happened and what to do; a
-dropped connection, a 429 or a 5xx is retried a few times first, so a service that restarts under a
-run does not end it.
+dropped connection, a 429 or a 5xx is retried a few times first. With `reconnect_s`, a service that does not
+answer at all (stopped, restarting) is waited for that long, the wait reported through `on_note`, so a service
+that restarts under a run does not end it; a tool call carries an Idempotency-Key, so a call retried across
+the restart finds the job its first try queued instead of queueing a second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
@@ -17,12 +20,13 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from kernelloop.agent.models import ToolName
-from kernelloop.agent.retrying import RetryPolicy, send_with_retries
+from kernelloop.agent.retrying import Answer, RetryPolicy, send_with_retries
 from kernelloop.contract import (
     TERMINAL_JOB_STATUSES,
     AttemptDetail,
     AttemptSummary,
     DevicesReport,
+    ErrorBody,
     Health,
     JobEventPublic,
     JobPublic,
@@ -46,6 +50,9 @@ from kernelloop.tools.results import Backend
 T = TypeVar("T")
 EventWatcher = Callable[[JobEventPublic], Awaitable[None] | None]
 EVENT_READ_TIMEOUT_S = 120.0  # the service sends a keep-alive every 15 s
+OUTAGE_NOTE_EVERY_S = 30.0
+"""how often a wait for a service that does not answer says it is still waiting"""
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 class ServiceFailure(BaseModel):
@@ -55,6 +62,8 @@ class ServiceFailure(BaseModel):
     message: str
     fix: str = ""
     status_code: int | None = None
+    body: ErrorBody | None = None
+    """a refusal's ErrorBody, as the service sent it"""
 
     def __str__(self) -> str:
         return self.message + (f"; {self.fix}" if self.fix else "")
@@ -71,6 +80,8 @@ class ServiceClient:
         retries: int = 4,
         poll_s: float = 0.5,
         request_timeout_s: float = 60.0,
+        reconnect_s: float = 0.0,
+        on_note: Callable[[str], None] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ):
         self.base_url = base_url.rstrip("/")
@@ -78,8 +89,12 @@ class ServiceClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=headers, timeout=request_timeout_s, transport=transport
         )
-        self.retry_policy = RetryPolicy(retries=retries, base_delay_s=0.5, max_backoff_s=8.0)
+        self.retry_policy = RetryPolicy(retries=retries, base_delay_s=0.5, max_backoff_s=8.0, outage_s=reconnect_s)
         self.poll_s = poll_s
+        self.on_note = on_note
+        self._outage_since: float | None = None
+        """when the current outage began (as any call saw it first), None while the service answers"""
+        self._outage_noted = 0.0
 
     async def __aenter__(self) -> ServiceClient:
         return self
@@ -91,14 +106,55 @@ class ServiceClient:
         await self._http.aclose()
 
     # ------------------------------------------------------------------------------------- transport
+    def _note(self, message: str) -> None:
+        if self.on_note is not None:
+            self.on_note(message)
+
+    def _waiting(self, _seconds: float, answer: Answer) -> None:
+        """One call's outage: the first call to see it says so, then one line every OUTAGE_NOTE_EVERY_S."""
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since = self._outage_noted = now
+            why = type(answer.error).__name__ if answer.error is not None else f"HTTP {answer.response.status_code}"  # type: ignore[union-attr]
+            self._note(
+                f"the service at {self.base_url} does not answer ({why}): waiting up to "
+                f"{self.retry_policy.outage_s:.0f} s for it to come back"
+            )
+        elif now - self._outage_noted >= OUTAGE_NOTE_EVERY_S:
+            self._outage_noted = now
+            self._note(
+                f"still waiting for the service at {self.base_url} ({now - self._outage_since:.0f} s of "
+                f"{self.retry_policy.outage_s:.0f} s)"
+            )
+
+    def _answered(self) -> None:
+        if self._outage_since is not None:
+            self._note(
+                f"the service at {self.base_url} answers again after {time.monotonic() - self._outage_since:.0f} s: "
+                "carrying on"
+            )
+            self._outage_since = None
+
     async def _call(
-        self, method: str, path: str, answer_type: Any, *, json: Any = None, params: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        answer_type: Any,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
-        """Send one request (retrying dropped connections, 429 and 5xx) and parse the answer into `answer`."""
+        """Send one request (retrying dropped connections, 429 and 5xx; waiting out an outage up to reconnect_s)
+        and parse the answer into `answer`."""
         answer = await send_with_retries(
-            lambda: self._http.request(method, path, json=json, params=params), self.retry_policy
+            lambda: self._http.request(method, path, json=json, params=params, headers=headers),
+            self.retry_policy,
+            self._waiting,
         )
         response = answer.response
+        if response is not None and not answer.unanswered:
+            self._answered()
         if isinstance(answer.error, httpx.TimeoutException):
             return ServiceFailure(
                 kind="timeout",
@@ -182,6 +238,13 @@ class ServiceClient:
     async def job(self, job_id: int) -> JobPublic | ServiceFailure:
         return await self._call("GET", f"/v1/jobs/{job_id}", JobPublic)
 
+    async def follow(self, job_id: int, timeout_s: float = 7200.0) -> JobPublic | ServiceFailure:
+        """A job already queued (by this client before a restart, say), polled until it ends."""
+        job = await self.job(job_id)
+        if isinstance(job, ServiceFailure):
+            return job
+        return await self._poll(job, timeout_s)
+
     async def cancel_job(self, job_id: int) -> JobPublic | ServiceFailure:
         """Stop the job: now if it is queued, else after its running step (409 when it has already ended)."""
         return await self._call("POST", f"/v1/jobs/{job_id}/cancel", JobPublic)
@@ -236,13 +299,16 @@ class ServiceClient:
         return await self._poll(job, timeout_s)
 
     async def queue(self, tool: ToolName, request: SubmissionRequest) -> JobPublic | ServiceFailure:
-        """Queue the tool's job and answer at once (wait=false): the job as queued."""
+        """Queue the tool's job and answer at once (wait=false): the job as queued. Every try of this one call
+        carries the same Idempotency-Key, so a try that reached the service before it went away is answered, once
+        it is back, with that try's job rather than a second one."""
         return await self._call(
             "POST",
             TOOLS[tool].endpoint,
             JobPublic,
             json=request.model_dump(mode="json", exclude_none=True),
             params={"wait": "false"},
+            headers={IDEMPOTENCY_HEADER: f"kernelloop-agent-{uuid.uuid4()}"},
         )
 
     async def _follow_events(self, job_id: int, on_event: EventWatcher | None, timeout_s: float) -> None:
@@ -307,8 +373,9 @@ async def _notify(watcher: EventWatcher | None, event: JobEventPublic) -> None:
 
 
 def _segment(name: str) -> str:
-    """A name as one segment of a path: `../runs` stays a name (an unknown one) rather than another path."""
-    return quote(name, safe="")
+    """A name as one segment of a path: `../runs` stays a name (an unknown one) rather than another path, and
+    `..` or `.` too (its dots escaped, so no client or proxy on the way takes it for a step up)."""
+    return quote(name, safe="").replace(".", "%2E")
 
 
 def rejected(response: httpx.Response) -> ServiceFailure:
@@ -319,9 +386,14 @@ def rejected(response: httpx.Response) -> ServiceFailure:
         body = {}
     message = body.get("message") or response.text[:300] or response.reason_phrase
     field = f" ({body['field']})" if body.get("field") else ""
+    try:
+        error_body = ErrorBody.model_validate(body)
+    except ValidationError:
+        error_body = None
     return ServiceFailure(
         kind="rejected",
         status_code=response.status_code,
         message=f"{response.status_code} {body.get('error', 'error')}{field}: {message}",
         fix=body.get("fix", ""),
+        body=error_body,
     )

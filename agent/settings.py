@@ -20,6 +20,18 @@ class AgentSettings(BaseSettings):
         None, description="the service `kernelloop agent` uses; None: it starts one embedded on a loopback port"
     )
     api_token: SecretStr | None = Field(None, description="the service's bearer token, sent with every call")
+    reconnect_s: float = Field(
+        300.0,
+        ge=0,
+        description="how long `kernelloop agent` waits for a service that stops answering (restarted, say) before "
+        "the run ends; 0: not at all",
+    )
+    heartbeat_s: float = Field(
+        30.0,
+        gt=0,
+        description="how often a running agent tells the service its run is alive (the service marks a run it has "
+        "not heard from for KERNELLOOP_RUN_TIMEOUT_S interrupted)",
+    )
     llm_api: Literal["openai", "anthropic"] = Field("openai", description="the model API's dialect")
     llm_base_url: str | None = Field(
         None, description="the model API; default: OPENAI_BASE_URL (ANTHROPIC_BASE_URL), else the vendor's own"

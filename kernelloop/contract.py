@@ -10,6 +10,7 @@ import enum
 import json
 import re
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, field_validator
@@ -29,6 +30,14 @@ LaneKind = Literal["cpu", "gpu"]
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def package_version() -> str:
+    """The installed distribution's version: `kernelloop --version`, the API's (Health, OpenAPI), the MCP server's."""
+    try:
+        return version("kernelloop")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 # --------------------------------------------------------------------------------------------- enums

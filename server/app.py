@@ -10,14 +10,16 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
+from kernelloop.contract import package_version
 from kernelloop.server import docs_page, errors, openapi
 from kernelloop.server.devices import gpu_lane_ids
 from kernelloop.server.executor import Executor, LocalExecutor
 from kernelloop.server.limits import BodySizeLimit, LoopbackOnly
 from kernelloop.server.mcp_mount import MCP_PATH, mount_mcp
 from kernelloop.server.routes import history, jobs, meta, problems, suites, tools
+from kernelloop.server.routes.deps import refuse_what_the_route_does_not_take
 from kernelloop.server.service import Service
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.server.web import pages
@@ -89,11 +91,13 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
 
     app = FastAPI(
         title="kernelloop",
-        version=meta.package_version(),
+        version=package_version(),
         lifespan=lifespan,
         description="Build, test and time GPU kernels (KernelBench format) honestly, and keep the history.",
         docs_url=None,  # served by docs_page from installed files, not a CDN
         redoc_url=None,
+        openapi_url=None,  # served by openapi, behind the token
+        dependencies=[Depends(refuse_what_the_route_does_not_take)],
     )
     app.state.service = service
     errors.install(app)

@@ -37,8 +37,7 @@ from kernelloop.contract import (
 from kernelloop.server import reads
 from kernelloop.server.auth import admit
 from kernelloop.server.errors import ApiError
-from kernelloop.server.mcp_arguments import error_text
-from kernelloop.server.mcp_tools import Refused, ServiceCalls, build_mcp_server
+from kernelloop.server.mcp_tools import ServiceCalls, build_mcp_server, refusal
 from kernelloop.server.service import Service
 from kernelloop.tools.phase_registry import TOOLS, ToolName
 from kernelloop.tools.results import Backend
@@ -119,16 +118,11 @@ class InService:
 
 
 async def _refusing(call: Callable[[], T]) -> T:
-    """`call()` in a worker thread; an ApiError it raises comes back as `Refused`, in the words a client of the
-    HTTP API reads (`ServiceFailure`), the field named as the tool's argument (a submission's body fields are
-    its arguments)."""
+    """`call()` in a worker thread; an ApiError it raises comes back as `Refused` (`refusal`)."""
     try:
         return await asyncio.to_thread(call)
     except ApiError as exc:
-        body = exc.body
-        if body.field:
-            body = body.model_copy(update={"field": body.field.removeprefix("body.")})
-        raise Refused(error_text(body, exc.status_code), body, exc.status_code) from exc
+        raise refusal(exc.body, exc.status_code) from exc
 
 
 class _RequireToken:

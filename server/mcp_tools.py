@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import anyio
@@ -37,16 +38,20 @@ from kernelloop.contract import (
     ProblemDetail,
     ProblemSummary,
     SubmissionRequest,
+    package_version,
 )
-from kernelloop.server.mcp_arguments import CheckedServer, invalid_arguments, refused, unreadable_text
+from kernelloop.server.mcp_arguments import CheckedServer, error_text, invalid_arguments, refused, unreadable_text
 from kernelloop.server.mcp_results import bounded, bounded_text, truncation_note
 from kernelloop.server.reads import MAX_LEADERBOARD, MAX_NAME_CHARS
+from kernelloop.server.service import unknown_problem
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import TOOLS, ToolName
+from kernelloop.tools.problems import PROBLEM_NAME_PATTERN
 from kernelloop.tools.results import Backend
 from kernelloop.tools.summaries import summarize_result
 
 log = logging.getLogger("kernelloop.mcp")
+T = TypeVar("T")
 
 POLL_S = 1.0
 JOB_TIMEOUT_S = 3600.0
@@ -67,6 +72,26 @@ class Refused(Exception):
     def __init__(self, message: str, body: ErrorBody | None = None, status_code: int | None = None):
         super().__init__(message)
         self.body, self.status_code = body, status_code
+
+
+def refusal(body: ErrorBody, status_code: int, argument: str | None = None) -> Refused:
+    """A refusal of the service as the tools answer it, over either transport: in the words a client of the HTTP
+    API reads, the field named as the tool's argument (a submission's body fields are its arguments; `argument`
+    names the one a path or query parameter came from)."""
+    if body.field:
+        field = argument if argument and body.field.startswith(("path.", "query.")) else body.field
+        body = body.model_copy(update={"field": field.removeprefix("body.")})
+    return Refused(error_text(body, status_code), body, status_code)
+
+
+async def read_named(calls: ServiceCalls, name: str, argument: str, read: Callable[[str], Awaitable[T]]) -> T:
+    """`read(name)` where `name` can be a problem's; a name no problem can have (`..`, `../runs`) is refused as the
+    service refuses an unknown name, whichever transport the tools call the service through (over HTTP such a
+    name would be a path, not a name)."""
+    if not re.fullmatch(PROBLEM_NAME_PATTERN, name):
+        unknown = unknown_problem(name, [problem.name for problem in await calls.problems()], argument)
+        raise refusal(unknown.body, unknown.status_code)
+    return await read(name)
 
 
 class ServiceCalls(Protocol):
@@ -102,7 +127,7 @@ def build_mcp_server(connect: ConnectCalls) -> MCPServer:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     tools = [_phase_tool(name, spec.summary, connect) for name, spec in TOOLS.items()] + _read_tools(connect)
-    server = CheckedServer(tools, name="kernelloop", instructions=INSTRUCTIONS)
+    server = CheckedServer(tools, name="kernelloop", version=package_version(), instructions=INSTRUCTIONS)
     # the SDK's constructor configures the root logger (a rich handler at INFO): the process's logging is not its
     # to set, and with it every httpx request of `kernelloop agent run` was logged to the terminal
     root.handlers[:], root.level = handlers, level
@@ -154,7 +179,9 @@ def _read_tools(connect: ConnectCalls) -> list[Tool]:
 
     async def get_problem(name: ProblemName) -> CallToolResult:
         async with connect() as calls:
-            return await _answer(calls.problem(name), f"GET /v1/problems/{quote(name, safe='')}")
+            return await _answer(
+                read_named(calls, name, "name", calls.problem), f"GET /v1/problems/{quote(name, safe='')}"
+            )
 
     async def get_attempt(attempt_id: AttemptId) -> CallToolResult:
         async with connect() as calls:
@@ -165,7 +192,8 @@ def _read_tools(connect: ConnectCalls) -> list[Tool]:
     ) -> CallToolResult:
         async with connect() as calls:
             return await _answer(
-                calls.leaderboard(problem, backend, limit), f"GET /v1/problems/{quote(problem, safe='')}/leaderboard"
+                read_named(calls, problem, "problem", lambda name: calls.leaderboard(name, backend, limit)),
+                f"GET /v1/problems/{quote(problem, safe='')}/leaderboard",
             )
 
     described: dict[Callable[..., Awaitable[CallToolResult]], str] = {
@@ -186,7 +214,9 @@ def _register_resources(server: MCPServer, connect: ConnectCalls) -> None:
         if unreadable_text(name) is not None:
             raise ResourceNotFoundError(f"name: {name!r} is not a problem name (it is not valid text)")
         async with connect() as calls:
-            return await _resource(calls.problem(name), f"GET /v1/problems/{quote(name, safe='')}")
+            return await _resource(
+                read_named(calls, name, "name", calls.problem), f"GET /v1/problems/{quote(name, safe='')}"
+            )
 
     @server.resource("kernelloop://attempts/{attempt_id}", mime_type="application/json", description="an attempt")
     async def attempt_resource(attempt_id: str) -> str:

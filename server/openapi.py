@@ -1,7 +1,9 @@
 """The OpenAPI document as the service enforces it, so clients, code generators and fuzzers see the rules
 that the code checks: no string of a request body may hold a NUL character (the body middleware refuses
 one anywhere), and a `problem` in a request must name a registered problem. The document is built once;
-the problem names are filled in on every request for it, since problems are registered while it runs.
+the problem names are filled in on every request for it, since problems are registered while it runs. Since it
+names them, GET /openapi.json needs the API token as the reads do (the bearer header, or the login cookie of a
+browser reading it for /docs).
 """
 
 from __future__ import annotations
@@ -10,13 +12,19 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+
+from kernelloop.server.errors import ApiError
+from kernelloop.server.web import access
 
 NO_NUL = "^[^\\u0000]*$"
 """A string without a NUL character (ECMA-262 syntax, as JSON Schema patterns are)."""
 
 REQUEST_MODELS_NAMING_A_PROBLEM = ("SubmissionRequest", "RunCreate")
+OPENAPI_PATH = "/openapi.json"
+"""served here, guarded (the app is made with openapi_url=None, so FastAPI serves no unguarded copy)"""
 
 
 def install(app: FastAPI, problem_names: Callable[[], list[str]]) -> None:
@@ -35,6 +43,20 @@ def install(app: FastAPI, problem_names: Callable[[], list[str]]) -> None:
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.get(OPENAPI_PATH, include_in_schema=False)
+    async def document(request: Request) -> JSONResponse:
+        if not access.may_read(request):
+            raise ApiError(
+                401,
+                "unauthorized",
+                f"GET {OPENAPI_PATH} reads the service's records (it names every registered problem) and the service "
+                "requires its API token",
+                field="header.Authorization",
+                fix="send the header Authorization: Bearer <KERNELLOOP_API_TOKEN>, or log in at /login in a browser",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return JSONResponse(openapi())
 
 
 def _request_models(document: dict[str, Any]) -> set[str]:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import threading
 import time
+from datetime import timedelta
 from typing import get_args
 
 from sqlalchemy import Engine
@@ -34,8 +35,8 @@ from kernelloop.server.redaction import Redactor, service_secrets
 from kernelloop.server.scheduler import LanesStopped, Scheduler
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import cancel, history, idempotency, problems, queue
-from kernelloop.storage.models import Attempt, Job, Problem, Run
-from kernelloop.tools.jobs import EvalOptions
+from kernelloop.storage.models import Attempt, Job, Problem, Run, utcnow
+from kernelloop.tools.jobs import PHASES_OF_OPTION, EvalOptions, inapplicable_options
 from kernelloop.tools.phase_registry import PHASES, JobPhase, steps_of
 from kernelloop.tools.problems import ProblemSpec, ShapeSelectionError, check_shape_names, memory_problem
 from kernelloop.tools.results import Backend
@@ -45,6 +46,17 @@ REGISTERED_MEANWHILE = "a problem named {name!r} was registered meanwhile"
 SEE_OR_RENAME = "GET /v1/problems/{name} to see it, or choose another name"
 CANCEL_WAIT_S = 5.0
 """how long a cancel waits for a running job's stopped step to end the job, so its answer shows `cancelled`"""
+
+
+def unknown_problem(name: str, known: list[str], field: str) -> ApiError:
+    """The refusal of a name no problem has: 422 in a body, 404 in a path (or an MCP tool's argument)."""
+    return ApiError(
+        422 if field.startswith("body") else 404,
+        "unknown_problem",
+        f"unknown problem {name!r}",
+        field=field,
+        fix=f"use one of: {', '.join(known)}; or register a KernelBench file with POST /v1/problems",
+    )
 
 
 class Service:
@@ -59,6 +71,8 @@ class Service:
         self.limiter = RateLimiter(settings.rate_limit_per_minute)
         self.started = time.monotonic()
         self._registering = threading.Lock()
+        self._stopping = threading.Event()
+        self._sweeper: threading.Thread | None = None
         self.memory_limits = self.check_memory_limits()
 
     # ------------------------------------------------------------------------------ life cycle
@@ -75,9 +89,31 @@ class Service:
         if requeued:
             log.warning("jobs %s were running when the service last stopped: marked interrupted", requeued)
         self.scheduler.start()
+        if self.settings.run_timeout_s > 0:
+            self._sweeper = threading.Thread(target=self._sweep_runs, name="run-timeout", daemon=True)
+            self._sweeper.start()
         return requeued
 
+    def _sweep_runs(self) -> None:
+        """Every few seconds, mark interrupted the runs whose client has gone silent (settings.run_timeout_s): none
+        before the service has run that long, so a client reconnecting after a restart finds its run as it was."""
+        timeout_s = self.settings.run_timeout_s
+        while not self._stopping.wait(min(max(timeout_s / 10, 0.5), 30.0)):
+            if time.monotonic() - self.started < timeout_s:
+                continue
+            try:
+                with Session(self.engine) as session:
+                    marked = history.interrupt_silent_runs(session, utcnow() - timedelta(seconds=timeout_s))
+            except Exception:  # noqa: BLE001 - a database hiccup: the next sweep tries again
+                log.exception("the sweep of silent runs failed")
+                continue
+            if marked:
+                log.warning("runs %s: no word from their clients for %g s, marked interrupted", marked, timeout_s)
+
     def stop(self) -> None:
+        self._stopping.set()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=10)
         self.scheduler.stop()
         self.executor.close()
         stopped = queue.requeue_running(
@@ -101,14 +137,7 @@ class Service:
     def problem_row(self, session: Session, name: str, field: str) -> Problem:
         row = problems.get_problem(session, name)
         if row is None:
-            known = ", ".join(problems.problem_names(session))
-            raise ApiError(
-                422 if field.startswith("body") else 404,
-                "unknown_problem",
-                f"unknown problem {name!r}",
-                field=field,
-                fix=f"use one of: {known}; or register a KernelBench file with POST /v1/problems",
-            )
+            raise unknown_problem(name, problems.problem_names(session), field)
         return row
 
     def job(self, job_id: int) -> JobPublic:
@@ -173,6 +202,7 @@ class Service:
             backend = self.backend_for(phase, request.backend)
             options = request.options or EvalOptions()
             spec = problems.spec_of(problem)
+            _check_applicable(phase, options)
             _check_shapes(spec, phase, backend, options)
             _check_lane_bounds(spec, phase, backend, options, self.settings)
             self._check_memory(spec, phase, backend)
@@ -377,6 +407,22 @@ def _same_problem(session: Session, name: str, source: str, conflict: str, fix: 
     if existing.sha256 == problems.sha256_text(source):
         return problems.detail(existing)
     raise ApiError(409, "problem_exists", conflict, field="body.name", fix=fix)
+
+
+def _check_applicable(phase: JobPhase, options: EvalOptions) -> None:
+    """Every option given is one a step of the job reads: `compare_torch_compile` on a compile would do nothing."""
+    unused = inapplicable_options(options, steps_of(phase))
+    if unused:
+        readers = {name: " and ".join(sorted(PHASES_OF_OPTION[name])) for name in unused}
+        raise ApiError(
+            422,
+            "option_not_applicable",
+            f"options.{unused[0]} does nothing in a {phase} job: only a {readers[unused[0]]} step reads it"
+            + (f" (nor do {', '.join(unused[1:])})" if len(unused) > 1 else ""),
+            field=f"body.options.{unused[0]}",
+            fix=f"leave it out of a {phase} call, or call a tool that runs a {readers[unused[0]]} step (evaluate runs "
+            "compile, test and benchmark)",
+        )
 
 
 def _check_shapes(spec: ProblemSpec, phase: JobPhase, backend: Backend, options: EvalOptions) -> None:

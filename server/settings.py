@@ -53,6 +53,13 @@ class ServiceSettings(BaseSettings):
         description="unclean stops of the service (a crash, kill -9), or deaths of the Ray node running it, that a "
         "running job survives before it is marked failed; a clean shutdown does not count",
     )
+    run_timeout_s: float = Field(
+        600.0,
+        ge=0,
+        description="a run its client has not written to (the agent's heartbeat, any PATCH), with no attempt made "
+        "or job of it running, for this long is marked interrupted; counted from the service's start at the "
+        "earliest, so clients get the whole time to reconnect after a restart; 0: never",
+    )
     problem_check_timeout_s: float = Field(120.0, gt=0, description="sandboxed check of a registered problem")
     max_gpu_timing_s: float = Field(
         60.0, gt=0, description="seconds of timing one benchmark may ask of a GPU lane: time_budget_s x its shapes"

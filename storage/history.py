@@ -24,6 +24,7 @@ from kernelloop.contract import (
     AttemptFilter,
     AttemptSummary,
     EvaluationPublic,
+    JobStatus,
     LeaderboardEntry,
     Page,
     RunCreate,
@@ -107,6 +108,41 @@ def update_run(session: Session, run: Run, update: RunUpdate) -> Run:
     session.commit()
     session.refresh(run)
     return run
+
+
+def interrupt_silent_runs(session: Session, silent_since: datetime) -> list[int]:
+    """Mark interrupted every active run nothing has happened in since `silent_since`: its client has not
+    written to it (a PATCH, the agent's heartbeat), no attempt of it was made or evaluated, and no job of it is
+    queued or running. Its notes say when and why; its finished_at is the moment. Returns the runs' ids."""
+    busy = (
+        select(Attempt.run_id)
+        .join(Job, col(Job.attempt_id) == col(Attempt.id))
+        .where(col(Job.status).in_([JobStatus.queued.value, JobStatus.running.value]))
+    )
+    recent = select(Attempt.run_id).where(
+        func.coalesce(col(Attempt.updated_at), col(Attempt.created_at)) >= silent_since
+    )
+    silent = session.exec(
+        select(Run).where(
+            Run.status == RunStatus.active.value,
+            func.coalesce(col(Run.updated_at), col(Run.created_at)) < silent_since,
+            col(Run.id).not_in(busy.where(col(Attempt.run_id).is_not(None))),
+            col(Run.id).not_in(recent.where(col(Attempt.run_id).is_not(None))),
+        )
+    ).all()
+    now = utcnow()
+    for run in silent:
+        last = run.updated_at or run.created_at
+        run.status = RunStatus.interrupted
+        run.finished_at = run.updated_at = now
+        run.notes = (
+            f"interrupted at {now:%Y-%m-%d %H:%M:%S} UTC: no word from its client since {last:%Y-%m-%d %H:%M:%S} UTC "
+            "and nothing of it running; `kernelloop agent resume` continues an agent's run, PATCH /v1/runs/ID "
+            "with status active reopens any other"
+        )
+        session.add(run)
+    session.commit()
+    return [row_id(run) for run in silent]
 
 
 def run_public(session: Session, run: Run) -> RunPublic:

@@ -82,6 +82,25 @@ class EvalOptions(BaseModel):
         return self
 
 
+PHASES_OF_OPTION: dict[str, frozenset[Phase]] = {
+    "seeds": frozenset({"test"}),
+    "memory_check": frozenset({"test"}),
+    "compare_torch_compile": frozenset({"benchmark"}),
+    "time_budget_s": frozenset({"benchmark"}),
+    "min_samples": frozenset({"benchmark"}),
+    "max_samples": frozenset({"benchmark"}),
+}
+"""The options only some phases read; every other one applies to every phase."""
+
+
+def inapplicable_options(options: EvalOptions, phases: tuple[Phase, ...]) -> list[str]:
+    """The options given (set, even to their default) that none of `phases` reads: a caller who sets one expects
+    an effect it would not have (compare_torch_compile on a compile)."""
+    return sorted(
+        name for name in options.model_fields_set if name in PHASES_OF_OPTION and not PHASES_OF_OPTION[name] & {*phases}
+    )
+
+
 class Step(BaseModel):
     """One phase of one submission: what a tool call or the service's queue asks for, handed unchanged through
     the scheduler and the executor (a Ray task's argument on a cluster) to the worker that runs it."""

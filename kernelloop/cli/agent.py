@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -42,24 +43,21 @@ def _config(args: argparse.Namespace, settings: AgentSettings) -> AgentRunConfig
     iterations = args.iterations
     if iterations is None and not args.max_run_seconds:
         iterations = DEFAULT_ITERATIONS
-    try:
-        return AgentRunConfig(
-            problem=args.problem,
-            backend=args.backend,
-            proposer=proposer,
-            iterations=iterations,
-            max_run_s=args.max_run_seconds,
-            parallel=args.parallel,
-            seed=args.seed,
-            llm=llm,
-            transcript=str(Path(args.transcript).resolve()) if args.transcript else None,
-            search_time_budget_s=args.search_time_budget,
-            memory_check=not args.no_memory_check,
-            precision=args.precision,
-            output=str(Path(args.output).resolve()) if args.output else None,
-        )
-    except ValueError as exc:
-        return f"bad options: {exc}"
+    return AgentRunConfig(  # a value out of bounds raises: `kernelloop` prints it as one line, exit 2
+        problem=args.problem,
+        backend=args.backend,
+        proposer=proposer,
+        iterations=iterations,
+        max_run_s=args.max_run_seconds,
+        parallel=args.parallel,
+        seed=args.seed,
+        llm=llm,
+        transcript=str(Path(args.transcript).resolve()) if args.transcript else None,
+        search_time_budget_s=args.search_time_budget,
+        memory_check=not args.no_memory_check,
+        precision=args.precision,
+        output=str(Path(args.output).resolve()) if args.output else None,
+    )
 
 
 def _with_service(args: argparse.Namespace, settings: AgentSettings, progress: Progress, work) -> int:
@@ -83,14 +81,16 @@ def _serve_and_work(args: argparse.Namespace, settings: AgentSettings, progress:
         token = bearer_token(settings)
 
         async def main() -> RunSummary | RunRefused:
-            async with ServiceClient(server, token=token) as client:
+            async with ServiceClient(
+                server, token=token, reconnect_s=settings.reconnect_s, on_note=progress.note
+            ) as client:
                 return await work(client, local)
 
         try:
             result = asyncio.run(main())
         except KeyboardInterrupt:
             print(
-                "kernelloop agent: interrupted; the run is marked interrupted (`kernelloop agent resume RUN_ID` "
+                f"kernelloop agent: interrupted; the run is marked interrupted (`{progress.resume_command('RUN_ID')}` "
                 "continues it)",
                 file=sys.stderr,
             )
@@ -111,13 +111,20 @@ def _is_loopback(url: str) -> bool:
     return (urlparse(url).hostname or "") in ("127.0.0.1", "localhost", "::1")
 
 
+def _progress(args: argparse.Namespace) -> Progress:
+    """The run's terminal output; the commands it suggests carry the flags that reach the same service."""
+    flag, value = ("--server", args.server) if args.server else ("--data-dir", args.data_dir)
+    reach = f"{flag} {shlex.quote(value)}" if value else ""
+    return Progress(sys.stderr if args.json else None, quiet=args.quiet, reach=reach)
+
+
 def _run(args: argparse.Namespace) -> int:
     settings = client_settings(args)
     config = _config(args, settings)
     if isinstance(config, str):
         print(f"kernelloop agent: {config}", file=sys.stderr)
         return 2
-    progress = Progress(sys.stderr if args.json else None, quiet=args.quiet)
+    progress = _progress(args)
     return _with_service(
         args,
         settings,
@@ -128,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     settings = client_settings(args)
-    progress = Progress(sys.stderr if args.json else None, quiet=args.quiet)
+    progress = _progress(args)
     return _with_service(
         args,
         settings,
@@ -164,6 +171,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--server", help="URL of a running kernelloop service (default: start one embedded, SQLite in the data folder)"
     )
     parser.add_argument("--data-dir", help="data folder of the embedded service and of run files (default .kernelloop)")
+    parser.add_argument(
+        "--reconnect-seconds",
+        type=float,
+        help="how long to wait for a service that stops answering (restarted, say) before the run ends "
+        "(default 300: KERNELLOOP_RECONNECT_S; 0: not at all)",
+    )
     parser.add_argument(
         "--iterations",
         type=int,

@@ -18,6 +18,8 @@ def client_settings(args: argparse.Namespace) -> AgentSettings:
     given: dict[str, object] = {"data_dir": Path(args.data_dir)} if args.data_dir else {}
     if getattr(args, "server", None):
         given["server_url"] = args.server
+    if getattr(args, "reconnect_seconds", None) is not None:
+        given["reconnect_s"] = args.reconnect_seconds
     return AgentSettings(**given)  # type: ignore[arg-type]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -62,6 +63,14 @@ def _one(args: argparse.Namespace, fetch: Callable[[], T | None], missing: str) 
     return value
 
 
+def reach_flags(args: argparse.Namespace) -> str:
+    """The flag this command was given that names where the history is, for a command it suggests."""
+    for flag, value in (("--server", args.server), ("--db", args.db), ("--data-dir", args.data_dir)):
+        if value:
+            return f" {flag} {shlex.quote(value)}"
+    return ""
+
+
 def _history_run(args: argparse.Namespace, reader: HistoryReader) -> int:
     missing = f"kernelloop history run: no run {args.id} (kernelloop history runs lists them)"
     run = _one(args, lambda: reader.run(args.id), missing)
@@ -82,7 +91,7 @@ def _history_run(args: argparse.Namespace, reader: HistoryReader) -> int:
                 f"    {shape:34} {_fmt(winner.get('speedup'))}x  attempt #{winner.get('attempt_id') or '-'}  "
                 f"{winner.get('label', '')}"
             )
-    print(f"  its attempts: kernelloop history attempts --run {run.id}")
+    print(f"  its attempts: kernelloop history attempts --run {run.id}{reach_flags(args)}")
     return 0
 
 

@@ -50,9 +50,14 @@ class HistoryReader(Protocol):
 
 
 def open_reader(args: argparse.Namespace) -> HistoryReader:
-    """The service at --server (or KERNELLOOP_SERVER_URL) when one is named, else the database."""
+    """The service at --server when one is named, else the database of --db (or the data folder's); with neither,
+    the service of KERNELLOOP_SERVER_URL where it is set. Both flags at once are refused: one would be ignored."""
     settings = AgentSettings()
-    server = getattr(args, "server", None) or settings.server_url
+    if getattr(args, "server", None) and getattr(args, "db", None):
+        raise HistoryError(
+            "give --server (read a running service) or --db (read a database file), not both: one would be ignored"
+        )
+    server = getattr(args, "server", None) or (None if getattr(args, "db", None) else settings.server_url)
     if server:
         token = settings.api_token.get_secret_value() if settings.api_token else None
         return RemoteHistory(server, token)

@@ -18,7 +18,7 @@ import anyio
 from kernelloop import contract
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
 from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
-from kernelloop.server.mcp_tools import Refused, ServiceCalls, build_mcp_server
+from kernelloop.server.mcp_tools import Refused, ServiceCalls, build_mcp_server, refusal
 from kernelloop.tools.phase_registry import ToolName
 from kernelloop.tools.results import Backend
 
@@ -45,17 +45,21 @@ class OverHttp:
         return _answered(await self.client.problems())
 
     async def problem(self, name: str) -> contract.ProblemDetail:
-        return _answered(await self.client.problem(name))
+        return _answered(await self.client.problem(name), "name")
 
     async def attempt(self, attempt_id: int) -> contract.AttemptDetail:
-        return _answered(await self.client.attempt(attempt_id))
+        return _answered(await self.client.attempt(attempt_id), "attempt_id")
 
     async def leaderboard(self, problem: str, backend: Backend | None, limit: int) -> list[contract.LeaderboardEntry]:
-        return _answered(await self.client.leaderboard(problem, backend, limit))
+        return _answered(await self.client.leaderboard(problem, backend, limit), "problem")
 
 
-def _answered(answer: T | ServiceFailure) -> T:
+def _answered(answer: T | ServiceFailure, argument: str | None = None) -> T:
+    """The answer, or the service's refusal as the tools answer it in the service itself (`refusal`): the same
+    body, the field named as the tool's argument."""
     if isinstance(answer, ServiceFailure):
+        if answer.body is not None and answer.status_code is not None:
+            raise refusal(answer.body, answer.status_code, argument)
         raise Refused(str(answer), status_code=answer.status_code)
     return answer
 

@@ -45,8 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     else:
         print(
-            f"kernelloop: API token set: POST and PATCH need 'Authorization: Bearer <token>'; "
-            f"listening on http://{settings.host}:{settings.port}",
+            f"kernelloop: API token set: {TOKEN_RULE}; listening on http://{settings.host}:{settings.port}",
             flush=True,
         )
     print(
@@ -56,6 +55,13 @@ def _serve(args: argparse.Namespace) -> int:
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5)
     return 0
+
+
+TOKEN_RULE = (
+    "every call but /v1/health and /v1/tools needs 'Authorization: Bearer <token>', reads as well as writes "
+    "(/openapi.json and /docs too); the web pages and /docs ask for it once in a login form"
+)
+"""What the token guards, as the banner says it (the README says the same; tests/server checks both)."""
 
 
 def _where_steps_run(app: object) -> str:

@@ -1,4 +1,5 @@
-"""What routes take from the app: the service and a database session."""
+"""What routes take from the app: the service and a database session; and the check every route's request
+passes first (`refuse_what_the_route_does_not_take`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from sqlmodel import Session
 
 from kernelloop.contract import MAX_ID
+from kernelloop.server.errors import ApiError
 from kernelloop.server.service import Service
 
 
@@ -26,3 +31,61 @@ SessionDep = Annotated[Session, Depends(get_session)]
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a job id")]
 AttemptId = Annotated[int, Path(ge=1, le=MAX_ID, description="an attempt id")]
 RunId = Annotated[int, Path(ge=1, le=MAX_ID, description="a run id")]
+
+
+async def refuse_what_the_route_does_not_take(request: Request) -> None:
+    """A dependency of every route (the app's): a query parameter the route does not declare is a 422 naming it, as
+    an unknown body field is (`/v1/leaderboard?problem=X` would answer every problem's board, `?wiat=false` a call
+    that waits); a path whose segment holds an encoded slash (`causal_conv1d%2Fleaderboard`) is a 400, not
+    another route's answer."""
+    raw_path = request.scope.get("raw_path") or b""
+    if b"%2f" in raw_path.lower() or b"%5c" in raw_path.lower():
+        raise ApiError(
+            400,
+            "encoded_slash",
+            f"the path {raw_path.decode('latin-1')!r} holds an encoded slash (%2F or %5C) inside a segment",
+            field="path",
+            fix="no name holds a slash: send the names the API lists, with plain slashes between the segments",
+        )
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    known = query_parameters(route)
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        takes = f"this call takes {', '.join(sorted(known))}" if known else "this call takes no query parameters"
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"unknown query parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: {takes}",
+            field=f"query.{unknown[0]}",
+            fix="remove it or correct its spelling; GET /openapi.json lists each call's parameters",
+        )
+
+
+_DECLARED: dict[int, frozenset[str]] = {}
+"""each route's query parameters, by the route's id (a route lives as long as its app)"""
+
+
+def query_parameters(route: APIRoute) -> frozenset[str]:
+    """The query parameters `route` declares, its dependencies' included (a model's fields, as GET /v1/attempts
+    takes its filter)."""
+    known = _DECLARED.get(id(route))
+    if known is None:
+        known = _DECLARED[id(route)] = _declared(route)
+    return known
+
+
+def _declared(route: APIRoute) -> frozenset[str]:
+    names: set[str] = set()
+    pending: list[Dependant] = [route.dependant]
+    while pending:
+        dependant = pending.pop()
+        for field in dependant.query_params:
+            model = field.field_info.annotation
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                names |= {info.alias or name for name, info in model.model_fields.items()}
+            else:
+                names.add(field.alias)
+        pending.extend(dependant.dependencies)
+    return frozenset(names)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
 from fastapi import APIRouter
 from sqlalchemy import text
 from sqlmodel import Session
 
-from kernelloop.contract import DevicesReport, Health, LaneState, QueueDepth, ToolsCatalog
+from kernelloop.contract import DevicesReport, Health, LaneState, QueueDepth, ToolsCatalog, package_version
 from kernelloop.server.auth import READ_GUARDED, ReadGuard
 from kernelloop.server.devices import gpu_inventory
 from kernelloop.server.routes.deps import ServiceDep
@@ -23,13 +22,6 @@ from kernelloop.storage.models import SCHEMA_VERSION
 from kernelloop.tools.sandbox.launch import available_isolation
 
 router = APIRouter(prefix="/v1", tags=["service"])
-
-
-def package_version() -> str:
-    try:
-        return version("kernelloop")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 def _health(service: Service) -> Health:

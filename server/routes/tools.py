@@ -8,13 +8,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from kernelloop.contract import TERMINAL_JOB_STATUSES, ErrorBody, JobPublic, SubmissionRequest
 from kernelloop.server import idempotency
 from kernelloop.server.auth import Credentials, MutationGuard
-from kernelloop.server.errors import ApiError
 from kernelloop.server.routes.deps import ServiceDep
 from kernelloop.tools.phase_registry import TOOLS, JobPhase, ToolSpec
 
@@ -32,23 +31,6 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 
 Wait = Annotated[bool, Query(description="wait for the verdict (up to timeout_s); false: answer 202 at once")]
 Timeout = Annotated[float | None, Query(gt=0, le=3600, description="longest wait, seconds (capped by the service)")]
-QUERY_PARAMETERS = ("wait", "timeout_s")
-"""The query parameters a tool route takes (the route's own below): any other is refused."""
-
-
-def refuse_unknown_query(request: Request) -> None:
-    """A misspelled parameter (`?wiat=false`) is a 422 like an unknown body field, not a call that waits."""
-    unknown = sorted(set(request.query_params) - set(QUERY_PARAMETERS))
-    if unknown:
-        raise ApiError(
-            422,
-            "invalid_request",
-            f"unknown query parameter {unknown[0]!r}: this call takes {' and '.join(QUERY_PARAMETERS)}",
-            field=f"query.{unknown[0]}",
-            fix=f"remove it or correct its spelling; the known ones are {', '.join(QUERY_PARAMETERS)}",
-        )
-
-
 IdempotencyHeader = Annotated[
     str | None,
     Header(
@@ -113,5 +95,4 @@ for _tool in TOOLS.values():
         response_model=JobPublic,
         responses=RESPONSES,
         summary=_tool.name,
-        dependencies=[Depends(refuse_unknown_query)],
     )

@@ -30,13 +30,24 @@ def token_of(request: Request) -> SecretStr | None:
 
 
 def require_reader(request: Request) -> None:
-    """A dependency of every page: passes, or raises LoginRequired."""
+    """A dependency of every page (and of /docs): passes, or raises LoginRequired."""
+    if not may_read(request):
+        raise LoginRequired(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
+
+
+def may_read(request: Request) -> bool:
+    """The service has no token, or the request carries it: the login cookie or the API's bearer header."""
     token = token_of(request)
     if token is None:
-        return
+        return True
     offered = request.cookies.get(COOKIE) or _bearer(request)
-    if offered is None or not matches(token, offered):
-        raise LoginRequired(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
+    return offered is not None and matches(token, offered)
+
+
+def logged_in(request: Request) -> bool:
+    """The browser holds the login cookie with the token: only then is there a session to log out of."""
+    token, offered = token_of(request), request.cookies.get(COOKIE)
+    return token is not None and offered is not None and matches(token, offered)
 
 
 def matches(token: SecretStr, offered: str) -> bool:

@@ -76,7 +76,7 @@ templates.env.globals.update(assets=ASSETS, live_poll_ms=int(LIVE_POLL_S * 1000)
 
 def _page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
     response = templates.TemplateResponse(
-        request, name, {"token_required": access.token_of(request) is not None, **context}, status_code=status_code
+        request, name, {"logged_in": access.logged_in(request), **context}, status_code=status_code
     )
     response.headers["Content-Security-Policy"] = CSP
     response.headers["X-Content-Type-Options"] = "nosniff"

@@ -524,10 +524,13 @@ def test_a_run_without_the_memory_check_sends_every_job_without_it_whatever_the_
     without = _config(parser.parse_args([*argv, "--no-memory-check"]), AgentSettings())
     assert isinstance(plain, AgentRunConfig) and isinstance(without, AgentRunConfig)
     asked = EvalOptions(seeds=4, time_budget_s=1.5)
-    assert plain.memory_check and job_options(asked, plain) is asked and job_options(None, plain) is None
-    sent = job_options(asked, without)
+    assert plain.memory_check and job_options(asked, plain, "evaluate") is asked
+    assert job_options(None, plain, "evaluate") is None
+    sent = job_options(asked, without, "evaluate")
     assert sent is not None and not sent.memory_check and (sent.seeds, sent.time_budget_s) == (4, 1.5)
-    assert job_options(None, without) == EvalOptions(memory_check=False)
+    assert job_options(None, without, "run_tests") == EvalOptions(memory_check=False)
+    # a benchmark or a compile runs no test: the flag adds nothing the service would refuse as not applicable
+    assert job_options(None, without, "benchmark") is None and job_options(None, without, "compile_kernel") is None
 
 
 def test_a_run_in_a_half_precision_sends_it_with_every_job_and_tells_the_model():
@@ -547,11 +550,11 @@ def test_a_run_in_a_half_precision_sends_it_with_every_job_and_tells_the_model()
     plain = _config(parser.parse_args(argv), AgentSettings())
     bf16 = _config(parser.parse_args([*argv, "--precision", "bf16"]), AgentSettings())
     assert isinstance(plain, AgentRunConfig) and isinstance(bf16, AgentRunConfig)
-    assert plain.precision is None and job_options(None, plain) is None
+    assert plain.precision is None and job_options(None, plain, "evaluate") is None
 
-    sent = job_options(EvalOptions(seeds=4, precision="fp16"), bf16)
+    sent = job_options(EvalOptions(seeds=4, precision="fp16"), bf16, "evaluate")
     assert sent is not None and (sent.precision, sent.seeds, sent.memory_check) == ("bf16", 4, True)
-    assert job_options(None, bf16) == EvalOptions(precision="bf16")
+    assert job_options(None, bf16, "compile_kernel") == EvalOptions(precision="bf16")
     assert AgentRunConfig.model_validate(bf16.model_dump(mode="json")).precision == "bf16"
 
     problem = problem_detail("mamba_causal_conv1d")

@@ -59,3 +59,14 @@ def test_history_says_what_a_remote_service_refused(seeded, tmp_path: Path) -> N
     assert wrong.returncode == 2 and "401" in wrong.stderr and "KERNELLOOP_API_TOKEN" in wrong.stderr, wrong.stderr
     unknown = _history(tmp_path, "best", "--problem", "no_such_problem", "--server", service.url)
     assert unknown.returncode == 2 and "no_such_problem" in unknown.stderr, unknown.stderr
+
+
+def test_history_hints_reach_the_same_service_and_server_with_db_is_refused(seeded, tmp_path: Path) -> None:
+    service, run, _, _ = seeded
+    one = _history(tmp_path, "run", str(run["id"]), "--server", service.url)
+    assert f"kernelloop history attempts --run {run['id']} --server {service.url}" in one.stdout, one.stdout
+    # --db beside --server was ignored: the service answered, whatever database was named
+    both = _history(tmp_path, "runs", "--server", service.url, "--db", str(tmp_path / "other.sqlite3"))
+    assert both.returncode == 2 and not both.stdout, both.stdout
+    (line,) = both.stderr.strip().splitlines()
+    assert "--server" in line and "--db" in line and "not both" in line, line

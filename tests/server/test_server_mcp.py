@@ -145,26 +145,46 @@ def test_a_client_that_leaves_mid_call_cancels_its_job(service: ServiceProcess) 
 
 
 def test_a_problem_name_is_only_a_name_not_a_path_into_the_api(service: ServiceProcess) -> None:
-    # the mounted tools once built their URLs from the arguments: `../attempts/1` read attempt 1, `../runs` the runs
+    # the mounted tools once built their URLs from the arguments: `../attempts/1` read attempt 1, `../runs` the runs;
+    # over stdio `leaderboard("..")` answered the board of every problem, as a success
+    names = ("../attempts/1", "../runs", "..", ".", "causal_conv1d/leaderboard", "no_such_problem")
+
     async def ask(client: Client) -> list:
-        return [await client.call_tool("get_problem", {"name": name}) for name in ("../attempts/1", "../runs")]
+        return [
+            *[await client.call_tool("get_problem", {"name": name}) for name in names],
+            *[await client.call_tool("leaderboard", {"problem": name}) for name in names],
+        ]
 
     async def main():
         async with _http(service) as client:
             mounted = await ask(client)
-            leaderboard = await client.call_tool("leaderboard", {"problem": "../attempts/1"})
         async with _stdio(service) as client:
-            return mounted, leaderboard, await ask(client)
+            return mounted, await ask(client)
 
-    mounted, leaderboard, over_stdio = anyio.run(main)
-    for result, name in zip(mounted, ("../attempts/1", "../runs")):
+    mounted, over_stdio = anyio.run(main)
+    arguments = [("name", name) for name in names] + [("problem", name) for name in names]
+    for result, (argument, name) in zip(mounted, arguments):
         assert result.is_error and result.structured_content["error"] == "unknown_problem", result  # no page of data
         text = result.content[0].text
-        assert text.startswith(f"404 unknown_problem (name): unknown problem {name!r}") and PROBLEM in text, text
-    assert leaderboard.is_error and "unknown_problem (problem)" in leaderboard.content[0].text, leaderboard
-    for result in over_stdio:  # over HTTP the name is one path segment: no endpoint answers it
-        assert result.is_error and not result.structured_content, result
-        assert "attempt" not in result.content[0].text.split(":")[0], result.content[0].text
+        assert text.startswith(f"404 unknown_problem ({argument}): unknown problem {name!r}") and PROBLEM in text, text
+    # one refusal whichever transport: the same error, field and words
+    for http_result, stdio_result in zip(mounted, over_stdio):
+        assert stdio_result.is_error, stdio_result
+        assert stdio_result.structured_content == http_result.structured_content, stdio_result
+        assert stdio_result.content[0].text == http_result.content[0].text
+
+
+def test_the_mcp_server_reports_the_package_version(service: ServiceProcess) -> None:
+    async def main():
+        versions = []
+        for connect in (_http, _stdio):
+            async with connect(service) as client:
+                versions.append(client.server_info.version)
+        return versions
+
+    expected = httpx.get(f"{service.url}/v1/health").json()["version"]
+    assert expected and expected != "0+unknown"
+    assert anyio.run(main) == [expected, expected]
 
 
 def test_the_http_endpoint_refuses_a_client_without_the_token(service: ServiceProcess) -> None:
