@@ -34,6 +34,7 @@ def install(app: FastAPI, problem_names: Callable[[], list[str]]) -> None:
         if app.openapi_schema is None:
             document = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             _declare_no_nul(document)
+            _declare_encoded_slash(document)
             app.openapi_schema = document
         document = copy.deepcopy(app.openapi_schema)
         names = sorted(problem_names())
@@ -82,6 +83,21 @@ def _request_models(document: dict[str, Any]) -> set[str]:
         elif isinstance(node, list):
             pending.extend(node)
     return found
+
+
+def _declare_encoded_slash(document: dict[str, Any]) -> None:
+    """Every operation with a path parameter may answer 400: a parameter holding an encoded slash (%2F) is refused
+    (server.routes.deps) rather than read as two segments."""
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            if any(p["in"] == "path" for p in operation.get("parameters", [])):
+                operation["responses"].setdefault(
+                    "400",
+                    {
+                        "description": "a path parameter holds an encoded slash (%2F)",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+                    },
+                )
 
 
 JSON_VALUE = "#/components/schemas/JsonValue"

@@ -94,10 +94,13 @@ PHASES_OF_OPTION: dict[str, frozenset[Phase]] = {
 
 
 def inapplicable_options(options: EvalOptions, phases: tuple[Phase, ...]) -> list[str]:
-    """The options given (set, even to their default) that none of `phases` reads: a caller who sets one expects
-    an effect it would not have (compare_torch_compile on a compile)."""
+    """The options set away from their defaults that none of `phases` reads: a caller who sets one expects an
+    effect it would not have (compare_torch_compile on a compile). A default sent as it is (a client that sends
+    every field) asks for nothing and passes."""
     return sorted(
-        name for name in options.model_fields_set if name in PHASES_OF_OPTION and not PHASES_OF_OPTION[name] & {*phases}
+        name
+        for name, phases_reading in PHASES_OF_OPTION.items()
+        if not phases_reading & {*phases} and getattr(options, name) != EvalOptions.model_fields[name].default
     )
 
 

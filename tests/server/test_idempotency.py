@@ -24,8 +24,9 @@ def _jobs_total(api: httpx.Client) -> int:
     return api.get("/v1/jobs", params={"limit": 1}).json()["total"]
 
 
-def _body(tag: str) -> dict[str, object]:
-    return submission(code=python_conv(f"# {tag}"), options=QUICK_TEST)
+def _body(tag: str, options: dict[str, object] | None = QUICK_TEST) -> dict[str, object]:
+    """A call's body; a compile's takes no options (a test's seeds do nothing in it: refused)."""
+    return submission(code=python_conv(f"# {tag}"), options=options)
 
 
 def test_a_retry_with_the_same_key_gets_the_first_job_even_after_a_restart(service: ServiceProcess) -> None:
@@ -52,7 +53,7 @@ def test_a_retry_with_the_same_key_gets_the_first_job_even_after_a_restart(servi
 
 
 def test_concurrent_retries_with_one_key_queue_one_job(service: ServiceProcess) -> None:
-    key, body = str(uuid.uuid4()), _body("racing")
+    key, body = str(uuid.uuid4()), _body("racing", options=None)
 
     def send(_: int) -> httpx.Response:
         with service.client() as client:
@@ -71,9 +72,14 @@ def test_concurrent_retries_with_one_key_queue_one_job(service: ServiceProcess) 
 def test_the_same_key_with_another_body_is_refused(service: ServiceProcess) -> None:
     key = str(uuid.uuid4())
     with service.client() as api:
-        first = api.post("/v1/compile", params={"wait": "false"}, json=_body("one"), headers={KEY: key}).json()
+        first = api.post(
+            "/v1/compile", params={"wait": "false"}, json=_body("one", options=None), headers={KEY: key}
+        ).json()
         before = _jobs_total(api)
-        for path, body in (("/v1/compile", _body("two")), ("/v1/test", _body("one"))):  # another body, another tool
+        for path, body in (
+            ("/v1/compile", _body("two", options=None)),
+            ("/v1/test", _body("one", options=None)),
+        ):  # another body, another tool
             refused = api.post(path, params={"wait": "false"}, json=body, headers={KEY: key})
             assert refused.status_code == 422, refused.text
             error = refused.json()
@@ -87,7 +93,7 @@ def test_a_malformed_key_is_refused_before_anything_is_queued(service: ServicePr
     with service.client() as api:
         before = _jobs_total(api)
         refused = api.post(
-            "/v1/compile", params={"wait": "false"}, json=_body("malformed"), headers={KEY: key.encode()}
+            "/v1/compile", params={"wait": "false"}, json=_body("malformed", options=None), headers={KEY: key.encode()}
         )
         assert refused.status_code == 422 and refused.json()["field"] == "header.Idempotency-Key", refused.text
         assert _jobs_total(api) == before

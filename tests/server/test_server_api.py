@@ -309,7 +309,7 @@ def test_a_narrowed_test_is_kept_but_never_marks_an_attempt_correct(api: httpx.C
 
 
 def test_benchmark_tool(api: httpx.Client) -> None:
-    timed = {**QUICK_EVAL, "shapes": shape_names("benchmark", "cpu")[:1]}  # a benchmark takes benchmark shapes alone
+    timed = {**COUNTED_EVAL, "shapes": shape_names("benchmark", "cpu")[:1]}  # benchmark shapes alone, no seeds
     job = api.post("/v1/benchmark", json=submission(options=timed)).json()
     assert job["outcome"] == "passed" and job["results"][0]["shapes"][0]["speedup"] > 0
 
@@ -712,9 +712,10 @@ def test_one_job_cannot_hold_a_lane_past_its_bounds(api: httpx.Client) -> None:
     body = {"problem": "causal_conv1d", "code": "x", "backend": "cpu", "options": {"time_budget_s": 31}}
     answer = _error(api.post("/v1/benchmark", json=body), 422, "body.options.time_budget_s")
     assert "KERNELLOOP_MAX_CPU_TIMING_S" in answer["message"] and "at most" in answer["fix"], answer
-    # the same budget on one shape's test is no timing at all: not refused for it
+    # a test times nothing: a timing budget in it would do nothing, and is refused as such, not as over a bound
     body["options"] = {"time_budget_s": 31, "shapes": ["small"], "seeds": 1}
-    assert api.post("/v1/test", params={"wait": "false"}, json=body).status_code == 202
+    answer = _error(api.post("/v1/test", params={"wait": "false"}, json=body), 422, "body.options.time_budget_s")
+    assert answer["error"] == "option_not_applicable", answer
     # a worker time limit over the service's own for the step
     body = {"problem": "causal_conv1d", "code": "x", "backend": "cpu", "options": {"timeout_s": 3600}}
     answer = _error(api.post("/v1/test", json=body), 422, "body.options.timeout_s")
