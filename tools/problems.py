@@ -35,7 +35,17 @@ from kernelloop.tools.compilation import toolchain
 from kernelloop.tools.phase_registry import JobPhase, shape_kinds_of
 from kernelloop.tools.results import Backend, TolerancePolicy
 
-PROBLEMS_DIR = Path(__file__).resolve().parent.parent / "reference_problems"
+
+def _package_folder(name: str) -> Path:
+    """A package's folder, found as the import system finds it, without importing it."""
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations, f"{name} is not an installed package"
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+PROBLEMS_DIR = _package_folder("kernelloop.reference_problems")
+"""the shipped problems (a data package): inside kernelloop/ when installed from a wheel, the checkout's top-level
+folder in an editable install"""
 
 # Max error over max |truth| that each policy admits. cuDNN with TF32 lands near 3e-4 on the causal
 # conv1d shapes and strict fp32 under 2e-6 (measured on the H200), so both leave the reference a wide margin.

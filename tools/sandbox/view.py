@@ -13,13 +13,12 @@ sees is kept to this list and is all read-only.
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-
-import kernelloop
 
 SANDBOX_UID = 65534  # nobody, inside the sandbox's user namespace
 BUILD_MOUNT = Path("/kernelloop-build")  # the job's build folder, as the worker sees it
@@ -45,14 +44,15 @@ def has_gpu_devices() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
+WORKER_PACKAGES = ("kernelloop", "kernelloop.tools")
+"""what a sandboxed worker imports of ours: the namespace, and the tools (the judge, the runner, the compilation)"""
+
+
 def package_dirs() -> list[Path]:
-    """This package's folder and, where its subpackages are links (a source checkout), their targets."""
-    root = Path(kernelloop.__file__).parent
-    dirs = [root]
-    for child in root.iterdir():
-        if child.is_symlink() and child.is_dir():
-            dirs.append(child.resolve())
-    return dirs
+    """The folders of the packages a worker imports, where this installation keeps them (each package's `__path__`):
+    one folder, `kernelloop/`, in an installed wheel; in an editable install of a checkout, `kernelloop/` and the
+    top-level `tools/`, which the install's import finder maps to `kernelloop.tools`."""
+    return [Path(folder) for name in WORKER_PACKAGES for folder in importlib.import_module(name).__path__]
 
 
 def python_dirs() -> list[Path]:
