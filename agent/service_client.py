@@ -16,7 +16,6 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from kernelloop.agent.models import ToolName
 from kernelloop.agent.retrying import RetryPolicy, send_with_retries
 from kernelloop.contract import (
     TERMINAL_JOB_STATUSES,
@@ -39,10 +38,10 @@ from kernelloop.contract import (
     SuitePublic,
     ToolsCatalog,
 )
-from kernelloop.tools.phase_registry import TOOLS
+from kernelloop.tools.phase_registry import TOOLS, ToolName
 from kernelloop.tools.results import Backend
 
-T = TypeVar("T")
+AnswerT = TypeVar("AnswerT")
 EventWatcher = Callable[[JobEventPublic], Awaitable[None] | None]
 EVENT_READ_TIMEOUT_S = 120.0  # the service sends a keep-alive every 15 s
 
@@ -91,8 +90,14 @@ class ServiceClient:
 
     # ------------------------------------------------------------------------------------- transport
     async def _call(
-        self, method: str, path: str, answer_type: Any, *, json: Any = None, params: dict[str, Any] | None = None
-    ) -> Any:
+        self,
+        method: str,
+        path: str,
+        answer_type: type[AnswerT],
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+    ) -> AnswerT | ServiceFailure:
         """Send one request (retrying dropped connections, 429 and 5xx) and parse the answer into `answer`."""
         answer = await send_with_retries(
             lambda: self._http.request(method, path, json=json, params=params), self.retry_policy

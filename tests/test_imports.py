@@ -13,11 +13,25 @@ builds and imports the submission and never reaches into the judge; sandbox and 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_package_layout():  # scripts/package_layout.py: pyproject's mapping of installed names to folders
+    spec = importlib.util.spec_from_file_location("package_layout", REPO / "scripts" / "package_layout.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+package_layout = _load_package_layout()
+PACKAGE_OF_FOLDER = {folder: package for package, folder in package_layout.package_folders().items()}
+MODULES = set(package_layout.module_files())
 SOURCES = ["tools", "server", "agent", "storage", "kernelloop/cli", "kernelloop/contract.py", "kernelloop/__main__.py"]
 ROOMS = ("sandbox", "compilation", "judge", "runner")
 
@@ -68,22 +82,16 @@ def unit_of_module(module: str) -> str | None:
 
 
 def module_of_file(path: Path) -> str:
-    """`tools/judge/phases.py` -> `kernelloop.tools.judge.phases` (the top-level folders install under kernelloop)."""
-    relative = path.relative_to(REPO).with_suffix("")
-    parts = list(relative.parts)
-    if parts[0] != "kernelloop":
-        parts.insert(0, "kernelloop")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+    """`tools/judge/phases.py` -> `kernelloop.tools.judge.phases`: the name its folder installs as (pyproject's
+    package-dir), and its own."""
+    relative = path.relative_to(REPO)
+    package = PACKAGE_OF_FOLDER[relative.parent]
+    return package if relative.stem == "__init__" else f"{package}.{relative.stem}"
 
 
 def _is_module(module: str) -> bool:
     """Whether a dotted name of ours is a module or package (`from kernelloop.tools import compilation`: a package)."""
-    relative = Path(*module.split(".")[1:])
-    return (REPO / "kernelloop" / relative).with_suffix(".py").is_file() or (
-        REPO / "kernelloop" / relative / "__init__.py"
-    ).is_file()
+    return module in MODULES
 
 
 def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:

@@ -135,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if finished and not outcome.left_out else 1
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "suite",
         help="judge a folder of solutions against a folder of KernelBench problems (correctness, fast_p per level)",

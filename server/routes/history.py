@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from sqlmodel import Session
 
 from kernelloop.contract import (
+    MAX_ID,
     AttemptDetail,
     AttemptDiff,
     AttemptFilter,
@@ -23,7 +24,7 @@ from kernelloop.contract import (
 from kernelloop.server import reads
 from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
 from kernelloop.server.errors import ApiError
-from kernelloop.server.routes.deps import MAX_ID, AttemptId, RunId, ServiceDep, SessionDep
+from kernelloop.server.routes.deps import AttemptId, RunId, ServiceDep, SessionDep
 from kernelloop.storage import history
 from kernelloop.storage.models import Run
 from kernelloop.tools.results import Backend
