@@ -63,6 +63,22 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 """Single modules a unit may import from a unit it may not, each with its reason."""
 
+PLACES: dict[str, str] = {
+    "cli": "`kernelloop/cli/`",
+    "agent": "`agent/`",
+    "server": "`server/`",
+    "storage": "`storage/`",
+    "contract": "`kernelloop/contract.py`",
+    "tools.api": "`tools/api.py`, `tools/__init__.py`",
+    "tools": "the other modules of `tools/`",
+    **{f"tools/{room}": f"`tools/{room}/`" for room in ROOMS},
+}
+"""Where each unit's modules are, for the table docs/architecture.md shows."""
+
+DOC = REPO / "docs" / "architecture.md"
+DOC_TABLE_START = "<!-- the table of allowed edges: written by `python tests/test_imports.py` from its ALLOWED -->"
+DOC_TABLE_END = "<!-- end of the table of allowed edges -->"
+
 
 def unit_of_module(module: str) -> str | None:
     """The unit a dotted module name of ours belongs to; None for a module not of ours."""
@@ -172,3 +188,32 @@ def test_allowed_edges_and_exceptions_pass() -> None:
     assert not violations_in(REPO / "tools/runner/x.py", "from kernelloop.tools.judge import l2_cache\n")
     assert not violations_in(REPO / "kernelloop/cli/x.py", "from kernelloop.server.app import create_app\n")
     assert not violations_in(REPO / "agent/x.py", "from kernelloop.tools.summaries import summarize_result\n")
+
+
+def edges_table() -> str:
+    """ALLOWED and EXCEPTIONS as docs/architecture.md shows them, between its two markers."""
+    rows = ["| unit | where | may import |", "|---|---|---|"]
+    for unit, allowed in ALLOWED.items():
+        targets = [f"`{t}`" for t in ALLOWED if t in allowed]
+        targets += [f"`{module}` (one module)" for (u, module) in EXCEPTIONS if u == unit]
+        rows.append(f"| `{unit}` | {PLACES[unit]} | {', '.join(targets) or 'nothing of ours'} |")
+    return "\n".join([DOC_TABLE_START, *rows, DOC_TABLE_END])
+
+
+def _doc_with_table(doc: str) -> str:
+    start, end = doc.index(DOC_TABLE_START), doc.index(DOC_TABLE_END) + len(DOC_TABLE_END)
+    return doc[:start] + edges_table() + doc[end:]
+
+
+def test_the_architecture_doc_shows_this_table() -> None:
+    assert PLACES.keys() == ALLOWED.keys(), "every unit of the table has its place"
+    doc = DOC.read_text()
+    assert doc == _doc_with_table(doc), (
+        "docs/architecture.md's table of allowed edges differs from ALLOWED: run "
+        "`python tests/test_imports.py` to write it"
+    )
+
+
+if __name__ == "__main__":
+    DOC.write_text(_doc_with_table(DOC.read_text()))
+    print(f"wrote the table of allowed edges into {DOC.relative_to(REPO)}")
