@@ -250,15 +250,13 @@ class _ShapeTiming:
         }
         subjects["candidate"] = self.time_candidate
         options = self.session.step.options
-        return timing.measure(
-            subjects,
-            before_round=self.redraw,
-            after_round=self.check_round,
+        plan = timing.SamplingPlan(
             n_sets=len(self.private_sets),
             budget_s=options.time_budget_s,
             min_samples=options.min_samples,
             max_samples=options.max_samples,
         )
+        return timing.measure(subjects, plan, before_round=self.redraw, after_round=self.check_round)
 
     def redraw(self, set_index: int) -> None:
         """The next values of input set `set_index` (a fresh draw, or a pool's set picked at random), copied into
