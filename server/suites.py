@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from sqlmodel import Session
 
 from kernelloop.contract import JobPublic, SubmissionRequest, SuiteCreate, SuiteEntryCreate, SuitePublic
-from kernelloop.server.errors import ApiError
+from kernelloop.server.errors import ApiError, row_or_unknown
 from kernelloop.server.service import Service
 from kernelloop.storage import suites
 from kernelloop.storage.models import Suite, row_id
@@ -69,13 +69,6 @@ def _submit(
 
 def suite(service: Service, suite_id: int) -> SuitePublic:
     with Session(service.engine) as session:
-        row = session.get(Suite, suite_id)
-        if row is None:
-            raise ApiError(
-                404,
-                "unknown_suite",
-                f"no suite {suite_id}",
-                field="path.suite_id",
-                fix="use the id POST /v1/suites answered with; GET /v1/suites lists them",
-            )
+        fix = "use the id POST /v1/suites answered with; GET /v1/suites lists them"
+        row = row_or_unknown(session, Suite, suite_id, field="path.suite_id", fix=fix)
         return suites.suite_public(session, row)

@@ -37,6 +37,8 @@ from kernelloop.tools.judge.session import (
     prepare,
     redraws,
     reference_model,
+    reference_on,
+    reference_outputs,
     selected,
     set_precision_policy,
     share,
@@ -176,19 +178,14 @@ class _ShapeSetup:
 
 def _shape_setup(session: Session, shape: ShapeSpec) -> _ShapeSetup:
     model_seed = session.seeds.model_seed(session.seeds.draw())
-    try:
+    with reference_on(shape):
         torch.manual_seed(model_seed)
         reference = reference_model(session, shape)
         drawn = redraws(session, shape)
         input_sets = [drawn.first_set(), drawn.next_set()]
         if drawn.pooled:  # the two sets must not share storage: each has its own shared buffers
             input_sets[1] = candidate.clone_inputs(input_sets[1])
-        with torch.no_grad():
-            outputs = checking.flatten_outputs(reference(*input_sets[0])) or []
-    except Exception as exc:
-        raise Fail(Status.sandbox_error, harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
-    if not outputs:
-        raise Fail(Status.sandbox_error, f"the reference's forward for shape {shape.name} returned no tensor")
+    outputs = reference_outputs(reference, input_sets[0], shape)
     return _ShapeSetup(reference, model_seed, drawn, input_sets, outputs)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from kernelloop.tools.datasheet import datasheet_peaks
 from kernelloop.tools.jobs import WorkerJob
-from kernelloop.tools.judge import checking, ncu_report, profile_summary, timing
+from kernelloop.tools.judge import ncu_report, profile_summary, timing
 from kernelloop.tools.judge.compiling import load, start
 from kernelloop.tools.judge.gpu_tools import gpu_tool, missing_tool_message
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink, ToolRun
@@ -35,6 +35,8 @@ from kernelloop.tools.judge.session import (
     prepare,
     redraws,
     reference_model,
+    reference_on,
+    reference_outputs,
     selected,
     set_precision_policy,
     share,
@@ -136,17 +138,11 @@ class ProfiledShape:
 def _shape_setup(session: Session, shape: ShapeSpec) -> ProfiledShape:
     """The shape's input set, outputs and reference (`ProfiledShape`)."""
     model_seed = session.seeds.model_seed(session.seeds.draw())
-    try:
+    with reference_on(shape):
         torch.manual_seed(model_seed)
         reference = reference_model(session, shape)
         inputs = redraws(session, shape).first_set()
-        with torch.no_grad():
-            outputs = checking.flatten_outputs(reference(*inputs)) or []
-    except Exception as exc:
-        raise Fail(Status.sandbox_error, harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
-    if not outputs:
-        raise Fail(Status.sandbox_error, f"the reference's forward for shape {shape.name} returned no tensor")
-    return ProfiledShape(shape, inputs, outputs, model_seed, reference)
+    return ProfiledShape(shape, inputs, reference_outputs(reference, inputs, shape), model_seed, reference)
 
 
 def _judge_time(session: Session, profiled: ProfiledShape) -> float:
