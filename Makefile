@@ -34,7 +34,7 @@ test: $(BIN)/.kernelloop-installed
 check: $(BIN)/.kernelloop-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/python scripts/typecheck.py
 
 # Every GPU path on this machine's GPU (the GPU tests, then compile, test, bench and profile of a CUDA template, a
 # Triton kernel, a KernelBench file and the Mamba template, then a null-suite sample), ending with one table.

@@ -151,6 +151,9 @@ class Outcome(BaseModel):
     regressed: bool = Field(False, description="worse than the best so far: the trajectory returns to the best")
     best_attempt_id: int | None = None
     best_speedup: float | None = None
+    adopted: bool = Field(
+        False, description="the job the service ran for this kernel while no loop was there to see it, read back"
+    )
 
     @property
     def passed(self) -> bool:

@@ -8,7 +8,7 @@ import platform
 from kernelloop.contract import DevicesReport, ProblemDetail
 from kernelloop.tools.datasheet import datasheet_peaks
 from kernelloop.tools.jobs import Precision
-from kernelloop.tools.problems import PRECISIONS, describe_policy, policy_in_dtype
+from kernelloop.tools.problems import PRECISIONS, ShapeSpec, describe_policy, policy_in_dtype
 from kernelloop.tools.results import Backend
 
 # Streaming multiprocessors per GPU model (vendor figures); the service reports names only.
@@ -83,7 +83,7 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str, precisi
     bench = [s for s in shapes_for_backend if s.benchmark]
     correct = [s for s in shapes_for_backend if s.correctness]
 
-    def shape_line(s) -> str:
+    def shape_line(s: ShapeSpec) -> str:
         return f"  - {s.name}: Model(*{s.init_inputs}), inputs {s.input_shapes}"
 
     forbidden = ", ".join(problem.forbidden_ops) or "none listed"

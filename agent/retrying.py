@@ -48,7 +48,7 @@ class RetryPolicy:
                     return min(max((when - datetime.now(UTC)).total_seconds(), 0.0), self.max_retry_after_s)
                 except (TypeError, ValueError):
                     pass
-        return min(self.base_delay_s * 2**retry, self.max_backoff_s) * random.uniform(0.5, 1.0)
+        return min(self.base_delay_s * 2.0**retry, self.max_backoff_s) * random.uniform(0.5, 1.0)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
@@ -25,7 +26,16 @@ from kernelloop.agent.proposers.replay import ReplayProposer, TranscriptError
 from kernelloop.agent.proposers.search import SearchProposer
 from kernelloop.agent.service_client import ServiceClient, ServiceFailure
 from kernelloop.agent.settings import AgentSettings
-from kernelloop.contract import Health, ProblemCreate, ProblemDetail, RunCreate, RunPublic, RunStatus, RunUpdate
+from kernelloop.contract import (
+    AttemptSummary,
+    Health,
+    ProblemCreate,
+    ProblemDetail,
+    RunCreate,
+    RunPublic,
+    RunStatus,
+    RunUpdate,
+)
 from kernelloop.tools.phase_registry import tools_for
 from kernelloop.tools.problems import problem_name
 
@@ -94,7 +104,7 @@ async def build_proposer(
     settings: AgentSettings,
     run_id: int | None,
     service_is_local: bool,
-    state: dict | None = None,
+    state: dict[str, Any] | None = None,
 ) -> Proposer | RunRefused:
     if config.proposer == "search":
         reason = SearchProposer.unavailable_reason(config)
@@ -286,7 +296,7 @@ async def _loop(
     settings: AgentSettings,
     progress: Progress,
     memory: LoopMemory,
-    history: list,
+    history: list[AttemptSummary],
 ) -> RunSummary:
     loop = RunLoop(
         config,

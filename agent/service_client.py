@@ -19,7 +19,6 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from kernelloop.agent.models import ToolName
 from kernelloop.agent.retrying import Answer, RetryPolicy, send_with_retries
 from kernelloop.contract import (
     TERMINAL_JOB_STATUSES,
@@ -44,10 +43,10 @@ from kernelloop.contract import (
     SuitePublic,
     ToolsCatalog,
 )
-from kernelloop.tools.phase_registry import TOOLS
+from kernelloop.tools.phase_registry import TOOLS, ToolName
 from kernelloop.tools.results import Backend
 
-T = TypeVar("T")
+AnswerT = TypeVar("AnswerT")
 EventWatcher = Callable[[JobEventPublic], Awaitable[None] | None]
 EVENT_READ_TIMEOUT_S = 120.0  # the service sends a keep-alive every 15 s
 OUTAGE_NOTE_EVERY_S = 30.0
@@ -139,12 +138,12 @@ class ServiceClient:
         self,
         method: str,
         path: str,
-        answer_type: Any,
+        answer_type: type[AnswerT],
         *,
         json: Any = None,
         params: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
-    ) -> Any:
+    ) -> AnswerT | ServiceFailure:
         """Send one request (retrying dropped connections, 429 and 5xx; waiting out an outage up to reconnect_s)
         and parse the answer into `answer`."""
         answer = await send_with_retries(

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from kernelloop.tools.problems import PRECISIONS, PROBLEMS_DIR
+from kernelloop.tools.problems import PRECISIONS, shipped_problems_dir
 from kernelloop.tools.results import Backend
 
 ParamValue = int | float | str | bool
@@ -163,7 +163,7 @@ def problem_folder(problem: str) -> Path | None:
     path = Path(problem)
     candidates = [path.parent] if path.name == "problem.py" else []
     if "/" not in problem:
-        candidates.append(PROBLEMS_DIR / problem)
+        candidates.append(shipped_problems_dir() / problem)
     return next((folder for folder in candidates if (folder / "problem.py").is_file()), None)
 
 

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlmodel import Session, SQLModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kernelloop.contract import ErrorBody, FieldError
 
 log = logging.getLogger("kernelloop.server")
+
+
+Row = TypeVar("Row", bound=SQLModel)
 
 
 class ApiError(Exception):
@@ -35,6 +39,17 @@ class ApiError(Exception):
         super().__init__(message)
         self.status_code, self.headers = status_code, headers
         self.body = ErrorBody(error=error, message=message, field=field, fix=fix)
+
+
+def row_or_unknown(session: Session, table: type[Row], row_id: int, *, field: str, fix: str) -> Row:
+    """The row of `table` with this id, or the ApiError that says there is none (`unknown_job`, `no job 7`): 404
+    for an id in the path, 422 for one in the body."""
+    row = session.get(table, row_id)
+    if row is None:
+        what = table.__name__.lower()
+        status_code = 404 if field.startswith("path") else 422
+        raise ApiError(status_code, f"unknown_{what}", f"no {what} {row_id}", field=field, fix=fix)
+    return row
 
 
 def error_response(status_code: int, body: ErrorBody, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -12,7 +12,7 @@ import ast
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.tools.jobs import ProblemCheckJob, ProblemCheckReply
 from kernelloop.tools.problems import ProblemSpec
-from kernelloop.tools.sandbox.worker_call import JobFolder, call_worker
+from kernelloop.tools.sandbox.worker_call import JobFolder, WorkerRequest, call_worker
 
 PROBLEM_WORKER_MODULE = "kernelloop.tools.judge.problem_worker"
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
@@ -68,14 +68,8 @@ def check_problem(name: str, source: str, settings: ServiceSettings) -> ProblemS
         return ProblemCheckJob(path=str(path), name=name, nonce=folder.nonce)
 
     timeout_s = settings.problem_check_timeout_s
-    call = call_worker(
-        PROBLEM_WORKER_MODULE,
-        make_job,
-        ProblemCheckReply,
-        timeout_s=timeout_s,
-        settings=settings.sandbox.model_copy(update={"worker_gpus": ""}),
-        folder_prefix="problem",
-    )
+    request = WorkerRequest(PROBLEM_WORKER_MODULE, make_job, ProblemCheckReply, timeout_s, folder_prefix="problem")
+    call = call_worker(request, settings.sandbox.model_copy(update={"worker_gpus": ""}))
     if not call.replies:
         report = call.report
         if report.timed_out:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from sqlmodel import Session
 
 from kernelloop.contract import AttemptDetail, LeaderboardEntry, ProblemDetail, ProblemSummary
-from kernelloop.server.errors import ApiError
+from kernelloop.server.errors import row_or_unknown
 from kernelloop.server.service import Service
 from kernelloop.storage import history, problems
 from kernelloop.storage.models import Attempt
@@ -33,12 +33,7 @@ def problem_detail(service: Service, session: Session, name: str, field: str) ->
 
 
 def attempt_row(session: Session, attempt_id: int, field: str) -> Attempt:
-    attempt = session.get(Attempt, attempt_id)
-    if attempt is None:
-        raise ApiError(
-            404, "unknown_attempt", f"no attempt {attempt_id}", field=field, fix="GET /v1/attempts lists the attempts"
-        )
-    return attempt
+    return row_or_unknown(session, Attempt, attempt_id, field=field, fix="GET /v1/attempts lists the attempts")
 
 
 def attempt_detail(session: Session, attempt_id: int, field: str) -> AttemptDetail:

@@ -26,11 +26,10 @@ from typing import TypeVar
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from kernelloop.contract import JobStatus
+from kernelloop.contract import JobStatus, utcnow
 from kernelloop.server.events import EventHub
 from kernelloop.server.executor import Executor, Lane, StepLost, StepRequest
 from kernelloop.storage import cancel, queue
-from kernelloop.storage.models import utcnow
 from kernelloop.tools.results import PhaseResult
 from kernelloop.tools.sandbox.stop import StopSwitch
 

@@ -24,9 +24,10 @@ from kernelloop.contract import (
     ProblemCreate,
     ProblemDetail,
     SubmissionRequest,
+    utcnow,
 )
 from kernelloop.server.devices import gpu_inventory
-from kernelloop.server.errors import ApiError
+from kernelloop.server.errors import ApiError, row_or_unknown
 from kernelloop.server.events import EventHub
 from kernelloop.server.executor import Executor
 from kernelloop.server.limits import RateLimiter
@@ -35,7 +36,7 @@ from kernelloop.server.redaction import Redactor, service_secrets
 from kernelloop.server.scheduler import LanesStopped, Scheduler
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import cancel, history, idempotency, problems, queue
-from kernelloop.storage.models import Attempt, Job, Problem, Run, utcnow
+from kernelloop.storage.models import Attempt, Job, Problem, Run
 from kernelloop.tools.jobs import PHASES_OF_OPTION, EvalOptions, inapplicable_options
 from kernelloop.tools.phase_registry import PHASES, JobPhase, steps_of
 from kernelloop.tools.problems import ProblemSpec, ShapeSelectionError, check_shape_names, memory_problem
@@ -142,15 +143,8 @@ class Service:
 
     def job(self, job_id: int) -> JobPublic:
         with Session(self.engine) as session:
-            job = session.get(Job, job_id)
-            if job is None:
-                raise ApiError(
-                    404,
-                    "unknown_job",
-                    f"no job {job_id}",
-                    field="path.job_id",
-                    fix="use the id a tool call answered with; GET /v1/jobs lists them",
-                )
+            fix = "use the id a tool call answered with; GET /v1/jobs lists them"
+            job = row_or_unknown(session, Job, job_id, field="path.job_id", fix=fix)
             return queue.job_public(session, job)
 
     def cancel(self, job_id: int, client: str) -> JobPublic:
@@ -188,15 +182,7 @@ class Service:
     ) -> JobPublic:
         """Record the attempt and queue its job; every check a client can fail comes first. With `once` (an
         Idempotency-Key), the key is kept with the job; KeyTaken when a concurrent call with it queued first."""
-        size = len(request.code.encode())
-        if size > self.settings.max_code_bytes:
-            raise ApiError(
-                413,
-                "code_too_large",
-                f"code is {size} bytes, over the limit of {self.settings.max_code_bytes}",
-                field="body.code",
-                fix="send a smaller source (KERNELLOOP_MAX_CODE_BYTES sets the limit)",
-            )
+        _within_size_limit(request.code, "body.code", self.settings.max_code_bytes, "code_too_large", "source")
         with Session(self.engine) as session:
             problem = self.problem_row(session, request.problem, "body.problem")
             backend = self.backend_for(phase, request.backend)
@@ -289,15 +275,7 @@ class Service:
 
     def register_problem(self, body: ProblemCreate) -> tuple[ProblemDetail, bool]:
         """Check the file in the sandbox, then keep it. Returns (problem, created)."""
-        size = len(body.source.encode())
-        if size > self.settings.max_problem_bytes:
-            raise ApiError(
-                413,
-                "problem_too_large",
-                f"source is {size} bytes, over the limit of {self.settings.max_problem_bytes}",
-                field="body.source",
-                fix="send a smaller file (KERNELLOOP_MAX_PROBLEM_BYTES sets the limit)",
-            )
+        _within_size_limit(body.source, "body.source", self.settings.max_problem_bytes, "problem_too_large", "file")
         with Session(self.engine) as session:
             same = _same_problem(
                 session,
@@ -367,18 +345,26 @@ class Service:
             return problems.detail(row), True
 
 
+def _within_size_limit(text: str, field: str, limit: int, error: str, smaller: str) -> None:
+    """A body field over its size limit is refused (413); the fix names the setting, whose variable is
+    KERNELLOOP_ and the error's noun: KERNELLOOP_MAX_CODE_BYTES for code_too_large."""
+    size = len(text.encode())
+    if size > limit:
+        variable = f"KERNELLOOP_MAX_{error.removesuffix('_too_large').upper()}_BYTES"
+        raise ApiError(
+            413,
+            error,
+            f"{field.removeprefix('body.')} is {size} bytes, over the limit of {limit}",
+            field=field,
+            fix=f"send a smaller {smaller} ({variable} sets the limit)",
+        )
+
+
 def _check_lineage(session: Session, request: SubmissionRequest, problem: Problem) -> None:
     """The run and the parent attempt a submission names must exist and be of its problem."""
     if request.run_id is not None:
-        run = session.get(Run, request.run_id)
-        if run is None:
-            raise ApiError(
-                422,
-                "unknown_run",
-                f"no run {request.run_id}",
-                field="body.run_id",
-                fix="create a run with POST /v1/runs, or leave run_id out",
-            )
+        fix = "create a run with POST /v1/runs, or leave run_id out"
+        run = row_or_unknown(session, Run, request.run_id, field="body.run_id", fix=fix)
         if run.problem_id != problem.id:
             raise ApiError(
                 422,

@@ -20,7 +20,7 @@ from kernelloop.contract import (
     SuiteEntryCreate,
     SuitePublic,
 )
-from kernelloop.server.errors import ApiError
+from kernelloop.server.errors import ApiError, row_or_unknown
 from kernelloop.server.service import Service
 from kernelloop.storage import suites
 from kernelloop.storage.models import Suite, row_id
@@ -113,13 +113,5 @@ def suite(service: Service, suite_id: int) -> SuitePublic:
 
 
 def _suite_row(session: Session, suite_id: int) -> Suite:
-    row = session.get(Suite, suite_id)
-    if row is None:
-        raise ApiError(
-            404,
-            "unknown_suite",
-            f"no suite {suite_id}",
-            field="path.suite_id",
-            fix="use the id POST /v1/suites answered with; GET /v1/suites lists them",
-        )
-    return row
+    fix = "use the id POST /v1/suites answered with; GET /v1/suites lists them"
+    return row_or_unknown(session, Suite, suite_id, field="path.suite_id", fix=fix)

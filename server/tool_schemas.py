@@ -58,7 +58,7 @@ def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
 
 def parameters_schema() -> dict[str, Any]:
     schema = AgentSubmission.model_json_schema()
-    inlined = _inline_refs(schema, schema.get("$defs", {}))
+    inlined: dict[str, Any] = _inline_refs(schema, schema.get("$defs", {}))
     inlined.pop("title", None)
     return inlined
 

@@ -17,8 +17,8 @@ from typing import Literal
 from sqlalchemy import Engine, update
 from sqlmodel import Session, col, select
 
-from kernelloop.contract import TERMINAL_JOB_STATUSES, JobStatus
-from kernelloop.storage.models import Attempt, Evaluation, Job, JobEvent, row_id, utcnow
+from kernelloop.contract import TERMINAL_JOB_STATUSES, JobStatus, utcnow
+from kernelloop.storage.models import Attempt, Evaluation, Job, JobEvent, row_id
 from kernelloop.tools.results import Status
 
 Asked = Literal["cancelled", "asked", "ended"]

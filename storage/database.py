@@ -15,10 +15,13 @@ from pathlib import Path
 
 from sqlalchemy import Connection, DateTime, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.pool import ConnectionPoolEntry
 from sqlmodel import Session, SQLModel, select
 
+from kernelloop.contract import utcnow
 from kernelloop.storage.history import recount_attempts
-from kernelloop.storage.models import SCHEMA_VERSION, SchemaInfo, utcnow
+from kernelloop.storage.models import SCHEMA_VERSION, SchemaInfo
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
 
 log = logging.getLogger("kernelloop.storage")
@@ -98,7 +101,7 @@ def create_db_engine(url: str) -> Engine:
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")
-    def _tune_sqlite(dbapi_connection, _record):
+    def _tune_sqlite(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
         cursor = dbapi_connection.cursor()
         if path is not None:
             cursor.execute("PRAGMA journal_mode=WAL")

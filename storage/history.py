@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 from sqlalchemy import ColumnElement, func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
+from sqlmodel.sql.expression import Select
 
 from kernelloop.contract import (
     AttemptDetail,
@@ -32,9 +33,10 @@ from kernelloop.contract import (
     RunStatus,
     RunUpdate,
     SubmissionRequest,
+    utcnow,
 )
 from kernelloop.storage.coverage import Counted, counted
-from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, Problem, Run, row_id, utcnow
+from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, Problem, Run, row_id
 from kernelloop.storage.problems import spec_of
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import (
@@ -335,7 +337,11 @@ def recount_attempts(session: Session) -> int:
     return len(recounted)
 
 
-def _summary_rows(session: Session, query) -> list[AttemptSummary]:
+SummaryQuery = Select[Attempt, str, int]
+"""attempts with their problem's name and their code's size"""
+
+
+def _summary_rows(session: Session, query: SummaryQuery) -> list[AttemptSummary]:
     return [
         AttemptSummary.model_validate(
             {**_columns(attempt, AttemptSummary.model_fields), "problem": name, "code_bytes": size}
@@ -344,7 +350,7 @@ def _summary_rows(session: Session, query) -> list[AttemptSummary]:
     ]
 
 
-def _summary_query():
+def _summary_query() -> SummaryQuery:
     return (
         select(Attempt, Problem.name, CodeBlob.size_bytes)
         .join(Problem, col(Problem.id) == col(Attempt.problem_id))

@@ -30,7 +30,7 @@ from kernelloop.contract import (
     RunStatus,
     utcnow,
 )
-from kernelloop.tools.phase_registry import JobPhase
+from kernelloop.tools.phase_registry import JobPhase, Phase
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
 
 SCHEMA_VERSION = 5
@@ -51,7 +51,7 @@ def row_id(row: _Row) -> int:
     return row.id
 
 
-class UTCDateTime(TypeDecorator):
+class UTCDateTime(TypeDecorator[datetime]):
     """A timestamp stored as UTC and read back timezone-aware (SQLite forgets the zone)."""
 
     impl = DateTime
@@ -101,7 +101,7 @@ class Problem(SQLModel, table=True):
     sha256: str = Field(max_length=64)
     source: str = Field(sa_type=Text)
     path: str = Field(sa_type=Text, description="the file sandboxed workers import")
-    spec: dict = Field(default_factory=dict, sa_type=JSON, description="tools.problems.ProblemSpec as JSON")
+    spec: dict[str, Any] = Field(default_factory=dict, sa_type=JSON, description="tools.problems.ProblemSpec as JSON")
     created_at: datetime = _created()
     updated_at: datetime | None = _timestamp()
 
@@ -116,8 +116,8 @@ class Run(RunBase, table=True):
     id: int | None = Field(default=None, primary_key=True)
     problem_id: int = Field(foreign_key="problems.id", index=True)
     status: RunStatus = Field(default=RunStatus.active, sa_type=Text)
-    config: dict = Field(default_factory=dict, sa_type=JSON)
-    meta: dict = Field(default_factory=dict, sa_type=JSON, description="counters a client keeps, e.g. tokens")
+    config: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    meta: dict[str, Any] = Field(default_factory=dict, sa_type=JSON, description="counters a client keeps, e.g. tokens")
     created_at: datetime = _created()
     updated_at: datetime | None = _timestamp()
     finished_at: datetime | None = _timestamp()
@@ -168,7 +168,7 @@ class Evaluation(EvaluationBase, table=True):
     id: int | None = Field(default=None, primary_key=True)
     attempt_id: int = Field(foreign_key="attempts.id", index=True)
     job_id: int | None = Field(default=None, foreign_key="jobs.id", index=True)
-    result: dict = Field(default_factory=dict, sa_type=JSON, description="the tool's full result")
+    result: dict[str, Any] = Field(default_factory=dict, sa_type=JSON, description="the tool's full result")
     log: str = Field(default="", sa_type=Text, description="build log and the worker's output, capped")
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, description="when the job was queued")
     started_at: datetime | None = _timestamp()
@@ -186,12 +186,12 @@ class Job(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     attempt_id: int = Field(foreign_key="attempts.id", index=True)
     phase: JobPhase = Field(sa_type=Text)
-    steps: list = Field(default_factory=list, sa_type=JSON, description="the phases to run, in order")
+    steps: list[Phase] = Field(default_factory=list, sa_type=JSON, description="the phases to run, in order")
     step_index: int = 0
     needs: LaneKind = Field(default="cpu", sa_type=Text, description="the lane kind the next step runs on")
     status: JobStatus = Field(default=JobStatus.queued, sa_type=Text)
     lane: str | None = Field(default=None, description="the lane running it, e.g. cpu-0 or gpu-1")
-    options: dict = Field(default_factory=dict, sa_type=JSON)
+    options: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
     outcome: str | None = Field(default=None, description="the status of the last step that ran")
     note: str = Field(default="", sa_type=Text, description="interruptions and harness errors, for people")
     interruptions: int = 0
@@ -215,7 +215,7 @@ class JobEvent(SQLModel, table=True):
         description="queued, started, progress, step_finished, interrupted, requeued, cancel_requested, "
         "finished, failed, cancelled"
     )
-    data: dict = Field(default_factory=dict, sa_type=JSON)
+    data: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from sqlmodel import Session, col, select
 
-from kernelloop.contract import ProblemDetail, ProblemSummary
-from kernelloop.storage.models import Problem, utcnow
+from kernelloop.contract import ProblemDetail, ProblemSummary, utcnow
+from kernelloop.storage.models import Problem
 from kernelloop.tools.problems import (
     PROBLEM_NAME_PATTERN,
     ProblemSpec,

@@ -13,11 +13,25 @@ builds and imports the submission and never reaches into the judge; sandbox and 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_package_layout():  # scripts/package_layout.py: pyproject's mapping of installed names to folders
+    spec = importlib.util.spec_from_file_location("package_layout", REPO / "scripts" / "package_layout.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+package_layout = _load_package_layout()
+PACKAGE_OF_FOLDER = {folder: package for package, folder in package_layout.package_folders().items()}
+MODULES = set(package_layout.module_files())
 SOURCES = ["tools", "server", "agent", "storage", "kernelloop/cli", "kernelloop/contract.py", "kernelloop/__main__.py"]
 ROOMS = ("sandbox", "compilation", "judge", "runner")
 
@@ -49,6 +63,22 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 """Single modules a unit may import from a unit it may not, each with its reason."""
 
+PLACES: dict[str, str] = {
+    "cli": "`kernelloop/cli/`",
+    "agent": "`agent/`",
+    "server": "`server/`",
+    "storage": "`storage/`",
+    "contract": "`kernelloop/contract.py`",
+    "tools.api": "`tools/api.py`, `tools/__init__.py`",
+    "tools": "the other modules of `tools/`",
+    **{f"tools/{room}": f"`tools/{room}/`" for room in ROOMS},
+}
+"""Where each unit's modules are, for the table docs/architecture.md shows."""
+
+DOC = REPO / "docs" / "architecture.md"
+DOC_TABLE_START = "<!-- the table of allowed edges: written by `python tests/test_imports.py` from its ALLOWED -->"
+DOC_TABLE_END = "<!-- end of the table of allowed edges -->"
+
 
 def unit_of_module(module: str) -> str | None:
     """The unit a dotted module name of ours belongs to; None for a module not of ours."""
@@ -68,22 +98,16 @@ def unit_of_module(module: str) -> str | None:
 
 
 def module_of_file(path: Path) -> str:
-    """`tools/judge/phases.py` -> `kernelloop.tools.judge.phases` (the top-level folders install under kernelloop)."""
-    relative = path.relative_to(REPO).with_suffix("")
-    parts = list(relative.parts)
-    if parts[0] != "kernelloop":
-        parts.insert(0, "kernelloop")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+    """`tools/judge/phases.py` -> `kernelloop.tools.judge.phases`: the name its folder installs as (pyproject's
+    package-dir), and its own."""
+    relative = path.relative_to(REPO)
+    package = PACKAGE_OF_FOLDER[relative.parent]
+    return package if relative.stem == "__init__" else f"{package}.{relative.stem}"
 
 
 def _is_module(module: str) -> bool:
     """Whether a dotted name of ours is a module or package (`from kernelloop.tools import compilation`: a package)."""
-    relative = Path(*module.split(".")[1:])
-    return (REPO / "kernelloop" / relative).with_suffix(".py").is_file() or (
-        REPO / "kernelloop" / relative / "__init__.py"
-    ).is_file()
+    return module in MODULES
 
 
 def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
@@ -164,3 +188,32 @@ def test_allowed_edges_and_exceptions_pass() -> None:
     assert not violations_in(REPO / "tools/runner/x.py", "from kernelloop.tools.judge import l2_cache\n")
     assert not violations_in(REPO / "kernelloop/cli/x.py", "from kernelloop.server.app import create_app\n")
     assert not violations_in(REPO / "agent/x.py", "from kernelloop.tools.summaries import summarize_result\n")
+
+
+def edges_table() -> str:
+    """ALLOWED and EXCEPTIONS as docs/architecture.md shows them, between its two markers."""
+    rows = ["| unit | where | may import |", "|---|---|---|"]
+    for unit, allowed in ALLOWED.items():
+        targets = [f"`{t}`" for t in ALLOWED if t in allowed]
+        targets += [f"`{module}` (one module)" for (u, module) in EXCEPTIONS if u == unit]
+        rows.append(f"| `{unit}` | {PLACES[unit]} | {', '.join(targets) or 'nothing of ours'} |")
+    return "\n".join([DOC_TABLE_START, *rows, DOC_TABLE_END])
+
+
+def _doc_with_table(doc: str) -> str:
+    start, end = doc.index(DOC_TABLE_START), doc.index(DOC_TABLE_END) + len(DOC_TABLE_END)
+    return doc[:start] + edges_table() + doc[end:]
+
+
+def test_the_architecture_doc_shows_this_table() -> None:
+    assert PLACES.keys() == ALLOWED.keys(), "every unit of the table has its place"
+    doc = DOC.read_text()
+    assert doc == _doc_with_table(doc), (
+        "docs/architecture.md's table of allowed edges differs from ALLOWED: run "
+        "`python tests/test_imports.py` to write it"
+    )
+
+
+if __name__ == "__main__":
+    DOC.write_text(_doc_with_table(DOC.read_text()))
+    print(f"wrote the table of allowed edges into {DOC.relative_to(REPO)}")

@@ -38,7 +38,7 @@ from kernelloop.tools.results import (
     compile_part,
 )
 from kernelloop.tools.sandbox.gpu_lease import GpuBusy, gpu_lease
-from kernelloop.tools.sandbox.worker_call import JobFolder, WorkerCall, call_worker
+from kernelloop.tools.sandbox.worker_call import JobFolder, WorkerCall, WorkerRequest, call_worker
 from kernelloop.tools.sandbox.worker_pool import WorkerPool
 from kernelloop.tools.settings import SandboxSettings, get_sandbox_settings
 
@@ -94,15 +94,13 @@ def profile_kernel(
     problem: ProblemSpec | str,
     code: str,
     backend: Backend | None = "cuda",
-    shape: str | None = None,
     options: EvalOptions | None = None,
     settings: SandboxSettings | None = None,
     on_progress: Progress | None = None,
 ) -> ProfileResult:
-    """Compile, then profile one forward of ModelNew under Nsight Compute on the benchmark shape named `shape`
-    (default: the problem's first): what the hardware saw, per kernel, and a summary. Advice, not a verdict."""
-    if shape is not None:
-        options = (options or EvalOptions()).model_copy(update={"shapes": [shape]})
+    """Compile, then profile one forward of ModelNew under Nsight Compute on one benchmark shape (`options.shapes`
+    names it; by default the problem's first): what the hardware saw, per kernel, and a summary. Advice, not a
+    verdict."""
     step = make_step("profile", problem, code, backend, options)
     return cast(ProfileResult, run_phase(step, settings, on_progress))
 
@@ -219,18 +217,17 @@ def _call(
             build_cache.publish(settings.cache_dir, key, folder.build)
 
     with build_cache.claim(settings.cache_dir, key) as cached:
-        return call_worker(
+        request = WorkerRequest(
             WORKER_MODULE,
             make_job,
             WorkerReply,
-            settings=settings,
-            read_only=read_only,
             timeout_s=_timeout_s(step, settings),
+            read_only=read_only,
             on_reply=on_reply,
             on_finish=on_finish,
             folder_prefix=step.phase,
-            pool=pool,
         )
+        return call_worker(request, settings, pool)
 
 
 def _on_the_gpu(

@@ -18,6 +18,7 @@ templates); any other file or folder of files is loaded by path.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -35,7 +36,16 @@ from kernelloop.tools.compilation import toolchain
 from kernelloop.tools.phase_registry import JobPhase, shape_kinds_of
 from kernelloop.tools.results import Backend, TolerancePolicy
 
-PROBLEMS_DIR = Path(__file__).resolve().parent.parent / "reference_problems"
+
+@functools.cache
+def shipped_problems_dir() -> Path:
+    """The shipped problems' folder (a data package, found as the import system finds it, without importing it):
+    inside kernelloop/ when installed from a wheel, the checkout's top-level folder in an editable install. Asked
+    for when needed: a sandboxed worker, which is shown only the packages it imports, never reads it."""
+    spec = importlib.util.find_spec("kernelloop.reference_problems")
+    assert spec is not None and spec.submodule_search_locations, "kernelloop.reference_problems is not installed"
+    return Path(list(spec.submodule_search_locations)[0])
+
 
 # Max error over max |truth| that each policy admits. cuDNN with TF32 lands near 3e-4 on the causal
 # conv1d shapes and strict fp32 under 2e-6 (measured on the H200), so both leave the reference a wide margin.
@@ -217,7 +227,7 @@ class ProblemSpec(BaseModel):
 
 
 def shipped_problem_names() -> list[str]:
-    return sorted(p.parent.name for p in PROBLEMS_DIR.glob("*/problem.py"))
+    return sorted(p.parent.name for p in shipped_problems_dir().glob("*/problem.py"))
 
 
 def import_problem_module(path: Path) -> ModuleType:
@@ -414,7 +424,7 @@ def _derive_spec(path: Path, name: str | None) -> ProblemSpec:
 def load_problem(name_or_path: str, cache_dir: Path | None = None) -> ProblemSpec:
     """A shipped problem by name (`causal_conv1d`), or any KernelBench file by path (see load_problem_file
     for `cache_dir`)."""
-    shipped = PROBLEMS_DIR / name_or_path / "problem.py"
+    shipped = shipped_problems_dir() / name_or_path / "problem.py"
     if "/" not in name_or_path and shipped.is_file():
         return load_problem_file(shipped, name_or_path, cache_dir)
     path = Path(name_or_path)

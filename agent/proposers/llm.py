@@ -19,13 +19,13 @@ from pydantic import BaseModel
 
 from kernelloop.agent.conversation import Conversation
 from kernelloop.agent.llm.types import ChatClient, ChatMessage, LlmFailure, TokenUsage, ToolCall, ToolDefinition
-from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ToolName
+from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone
 from kernelloop.agent.prompt import opening_message
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.tool_summaries import digest_outcome, summarize_outcome
 from kernelloop.contract import ProblemDetail
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.phase_registry import AGENT_TOOLS
+from kernelloop.tools.phase_registry import AGENT_TOOLS, ToolName
 
 TOOLS: dict[str, ToolName] = {name: name for name in AGENT_TOOLS}
 NO_TOOL_CALL = (

@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kernelloop.agent.models import Outcome, Proposal, ProposerDone, ToolName
+from kernelloop.agent.models import Outcome, Proposal, ProposerDone
 from kernelloop.agent.proposers.base import LoopView
-from kernelloop.tools.phase_registry import TOOLS
+from kernelloop.tools.phase_registry import TOOLS, ToolName
 
 TOOL_NAMES: dict[str, ToolName] = {name: name for name in TOOLS}
 CALL_LINE = re.compile(r"^call\s*(?:→|->)\s*(?P<name>[A-Za-z_][\w.-]*)\s*$", re.MULTILINE)

@@ -27,15 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from kernelloop.agent.models import (
-    AgentRunConfig,
-    Outcome,
-    Proposal,
-    ProposerDone,
-    ShapeWinner,
-    StepStatus,
-    ToolName,
-)
+from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ShapeWinner, StepStatus
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.templates import (
     BaselineKernel,
@@ -47,6 +39,7 @@ from kernelloop.agent.templates import (
     params_key,
 )
 from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.phase_registry import ToolName
 from kernelloop.tools.results import BenchmarkResult, Status
 
 ETA = 2  # successive halving: keep 1/ETA, time ETA x longer
@@ -364,7 +357,7 @@ class SearchProposer:
         return [k for score, k in sorted(((s, k) for s, k in scored if s is not None), key=lambda sk: -sk[0])]
 
     def _budget(self, rung: int) -> float:
-        return round(self.config.search_time_budget_s * ETA**rung, 3)
+        return round(float(self.config.search_time_budget_s * ETA**rung), 3)
 
     # ------------------------------------------------------------------------------- bookkeeping
     def _add_trial(self, template: KernelTemplate, params: Params) -> str:

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import shlex
 import sys
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from kernelloop.agent.service_client import ServiceClient
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
 from kernelloop.tools.problems import PRECISIONS
+
+RunWork = Callable[[ServiceClient, bool], Awaitable[RunSummary | RunRefused]]
+"""a start or a resume of a run, given the client of the service and whether the service is on this host"""
 
 DEFAULT_ITERATIONS = 10
 
@@ -60,7 +64,7 @@ def _config(args: argparse.Namespace, settings: AgentSettings) -> AgentRunConfig
     )
 
 
-def _with_service(args: argparse.Namespace, settings: AgentSettings, progress: Progress, work) -> int:
+def _with_service(args: argparse.Namespace, settings: AgentSettings, progress: Progress, work: RunWork) -> int:
     """Run `work(client, service_is_local)` against --server or an embedded service; the outcome as an exit code."""
     try:
         return _serve_and_work(args, settings, progress, work)
@@ -69,7 +73,7 @@ def _with_service(args: argparse.Namespace, settings: AgentSettings, progress: P
         return 130
 
 
-def _serve_and_work(args: argparse.Namespace, settings: AgentSettings, progress: Progress, work) -> int:
+def _serve_and_work(args: argparse.Namespace, settings: AgentSettings, progress: Progress, work: RunWork) -> int:
     with ExitStack() as stack:
         served = open_service("agent", args, settings, stack)
         if served is None:
@@ -193,7 +197,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the run's summary as JSON (progress goes to stderr)")
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:
+def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     agent = subparsers.add_parser("agent", help="the optimization loop: propose kernels, evaluate, keep the best")
     sub = agent.add_subparsers(dest="agent_command", required=True)
 

@@ -197,7 +197,7 @@ def _guarded(handler: Callable[[argparse.Namespace, HistoryReader], int]) -> Cal
     return run
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:
+def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     hist = subparsers.add_parser("history", help="what was tried: runs, attempts, one attempt, the best")
     sub = hist.add_subparsers(dest="history_command", required=True)
 

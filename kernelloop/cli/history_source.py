@@ -37,6 +37,10 @@ class HistoryError(Exception):
     """The history could not be read, or the problem asked for is unknown; the message says what to do."""
 
 
+class _NotFound(HistoryError):
+    """The service answered 404: it has no such thing."""
+
+
 class HistoryReader(Protocol):
     def runs(self, problem: str | None, status: RunStatus | None, limit: int) -> Page[RunPublic]: ...
 
@@ -112,7 +116,7 @@ class RemoteHistory:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
-    def _get(self, path: str, answer: type[T] | Any, params: dict[str, Any] | None = None, *, found: bool = True) -> T:
+    def _get(self, path: str, answer: type[T], params: dict[str, Any] | None = None) -> T:
         try:
             response = self.http.get(path, params=params)
         except httpx.HTTPError as exc:
@@ -120,8 +124,8 @@ class RemoteHistory:
                 f"the service at {self.url} did not answer GET {path}: {type(exc).__name__}: {exc}; "
                 "start it, or leave out --server to read the local database"
             ) from exc
-        if response.status_code == 404 and not found:
-            return None  # type: ignore[return-value]
+        if response.status_code == 404:
+            raise _NotFound(_refusal(response, path))
         if response.status_code >= 400:
             raise HistoryError(_refusal(response, path))
         try:
@@ -132,6 +136,13 @@ class RemoteHistory:
                 "the command and the service are different versions"
             ) from exc
 
+    def _get_if_found(self, path: str, answer: type[T]) -> T | None:
+        """`_get` of one thing the service may not have: None where it answers 404."""
+        try:
+            return self._get(path, answer)
+        except _NotFound:
+            return None
+
     def runs(self, problem: str | None, status: RunStatus | None, limit: int) -> Page[RunPublic]:
         params = (
             {"limit": limit} | ({"problem": problem} if problem else {}) | ({"status": status.value} if status else {})
@@ -139,13 +150,13 @@ class RemoteHistory:
         return self._get("/v1/runs", Page[RunPublic], params)
 
     def run(self, run_id: int) -> RunPublic | None:
-        return self._get(f"/v1/runs/{run_id}", RunPublic | None, found=False)
+        return self._get_if_found(f"/v1/runs/{run_id}", RunPublic)
 
     def attempts(self, f: AttemptFilter) -> Page[AttemptSummary]:
         return self._get("/v1/attempts", Page[AttemptSummary], f.model_dump(mode="json", exclude_none=True))
 
     def attempt(self, attempt_id: int) -> AttemptDetail | None:
-        return self._get(f"/v1/attempts/{attempt_id}", AttemptDetail | None, found=False)
+        return self._get_if_found(f"/v1/attempts/{attempt_id}", AttemptDetail)
 
     def best(self, problem: str | None, backend: Backend | None, limit: int) -> list[LeaderboardEntry]:
         params: dict[str, Any] = {"backend": backend} if backend else {}

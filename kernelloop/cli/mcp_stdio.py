@@ -82,7 +82,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("mcp", help="serve the tools over MCP on stdio (for coding agents)", description=__doc__)
     p.add_argument("--server", help="URL of a running kernelloop service (default: start one embedded)")
     p.add_argument("--data-dir", help="data folder of the embedded service (default .kernelloop)")

@@ -74,7 +74,7 @@ def _where_steps_run(app: object) -> str:
     return f"on a Ray cluster of {len(alive)} nodes ({gpus:g} GPUs)"
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:
+def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = subparsers.add_parser("serve", help="run the HTTP service (tools API, job queue, history)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1; another needs KERNELLOOP_API_TOKEN)")
     serve.add_argument("--port", type=int, help="default 8000")

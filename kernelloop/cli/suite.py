@@ -151,7 +151,7 @@ def _suite_id(text: str) -> int:
     return int(text)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "suite",
         help="judge a folder of solutions against a folder of KernelBench problems (correctness, fast_p per level)",

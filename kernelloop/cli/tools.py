@@ -16,11 +16,11 @@ from kernelloop.tools.phase_registry import PHASES
 from kernelloop.tools.problems import (
     POLICY_CHOICES,
     PRECISIONS,
-    PROBLEMS_DIR,
     ProblemError,
     ShapeSelectionError,
     describe_policy,
     load_problem,
+    shipped_problems_dir,
 )
 from kernelloop.tools.results import (
     BenchmarkResult,
@@ -167,7 +167,7 @@ def _run_tool(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     """Test and time the shipped example kernel for causal_conv1d on this machine's backend."""
     backend = args.backend or default_backend()
-    example = PROBLEMS_DIR / "causal_conv1d" / f"example_{backend}.py"
+    example = shipped_problems_dir() / "causal_conv1d" / f"example_{backend}.py"
     print(f"kernelloop demo: evaluating {example.name} against causal_conv1d on the {backend} backend")
     code = example.read_text()
     tested = run_tests("causal_conv1d", code, backend)
@@ -179,7 +179,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0 if timed.status == Status.passed else 1
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for phase in PHASES.values():
         p = sub.add_parser(phase.command, help=phase.summary)
         p.add_argument("file", help="Python file defining ModelNew (KernelBench format)")

@@ -18,7 +18,8 @@ from kernelloop.server.service import Service
 
 
 def get_service(request: Request) -> Service:
-    return request.app.state.service
+    service: Service = request.app.state.service  # set by create_app
+    return service
 
 
 def get_session(request: Request) -> Iterator[Session]:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from sqlmodel import Session
 
 from kernelloop.contract import (
+    MAX_ID,
     AttemptDetail,
     AttemptDiff,
     AttemptFilter,
@@ -22,8 +23,8 @@ from kernelloop.contract import (
 )
 from kernelloop.server import reads
 from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
-from kernelloop.server.errors import ApiError
-from kernelloop.server.routes.deps import MAX_ID, AttemptId, RunId, ServiceDep, SessionDep
+from kernelloop.server.errors import ApiError, row_or_unknown
+from kernelloop.server.routes.deps import AttemptId, RunId, ServiceDep, SessionDep
 from kernelloop.storage import history
 from kernelloop.storage.models import Run
 from kernelloop.tools.results import Backend
@@ -36,10 +37,7 @@ MUTATION_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def _run(session: Session, run_id: int) -> Run:
-    run = session.get(Run, run_id)
-    if run is None:
-        raise ApiError(404, "unknown_run", f"no run {run_id}", field="path.run_id", fix="GET /v1/runs lists the runs")
-    return run
+    return row_or_unknown(session, Run, run_id, field="path.run_id", fix="GET /v1/runs lists the runs")
 
 
 @router.post("/runs", response_model=RunPublic, status_code=201, responses=MUTATION_ERRORS)

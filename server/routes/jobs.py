@@ -10,9 +10,9 @@ from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 from sqlmodel import Session
 
-from kernelloop.contract import TERMINAL_JOB_STATUSES, ErrorBody, JobEventPublic, JobPublic, JobStatus, Page
+from kernelloop.contract import MAX_ID, TERMINAL_JOB_STATUSES, ErrorBody, JobEventPublic, JobPublic, JobStatus, Page
 from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
-from kernelloop.server.routes.deps import MAX_ID, JobId, ServiceDep, SessionDep
+from kernelloop.server.routes.deps import JobId, ServiceDep, SessionDep
 from kernelloop.server.service import Service
 from kernelloop.storage import queue
 from kernelloop.storage.models import Job

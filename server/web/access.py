@@ -14,6 +14,8 @@ from urllib.parse import quote
 from fastapi import Request
 from pydantic import SecretStr
 
+from kernelloop.server.routes.deps import get_service
+
 COOKIE = "kernelloop_token"
 COOKIE_MAX_AGE_S = 7 * 24 * 3600
 
@@ -26,7 +28,7 @@ class LoginRequired(Exception):
 
 
 def token_of(request: Request) -> SecretStr | None:
-    return request.app.state.service.settings.api_token
+    return get_service(request).settings.api_token
 
 
 def require_reader(request: Request) -> None:

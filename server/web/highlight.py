@@ -43,4 +43,4 @@ def _css_class(token_type: _TokenType | None) -> str:
 
 def stylesheet() -> str:
     """The colours of the token classes, scoped to the code listings."""
-    return HtmlFormatter(style=STYLE).get_style_defs(f".{CODE_CLASS}")
+    return str(HtmlFormatter(style=STYLE).get_style_defs(f".{CODE_CLASS}"))

@@ -19,13 +19,13 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlmodel import Session
 
-from kernelloop.contract import ErrorBody, RunPublic
+from kernelloop.contract import MAX_ID, ErrorBody, RunPublic, utcnow
 from kernelloop.server.errors import error_response
-from kernelloop.server.routes.deps import MAX_ID, AttemptId, RunId, SessionDep
+from kernelloop.server.routes.deps import AttemptId, RunId, SessionDep
 from kernelloop.server.web import access, views
 from kernelloop.server.web.highlight import stylesheet
 from kernelloop.storage import history
-from kernelloop.storage.models import Run, utcnow
+from kernelloop.storage.models import Run
 from kernelloop.tools.results import TolerancePolicy
 
 HERE = Path(__file__).resolve().parent

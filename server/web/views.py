@@ -23,10 +23,10 @@ from kernelloop.contract import (
     RunPublic,
     RunStatus,
     StepProgress,
+    utcnow,
 )
 from kernelloop.server.web.highlight import highlighted_lines
 from kernelloop.storage import history, problems, queue
-from kernelloop.storage.models import utcnow
 from kernelloop.tools.results import (
     BenchmarkResult,
     Diagnostic,

@@ -16,11 +16,11 @@ from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 
 from kernelloop.agent.llm.factory import make_chat_client
 from kernelloop.agent.llm.types import ToolDefinition
-from kernelloop.agent.loop import RunLoop
 from kernelloop.agent.models import AgentRunConfig, LlmConfig, Outcome, Proposal, ProposerDone
 from kernelloop.agent.prompt import system_prompt
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.proposers.llm import LlmProposer
+from kernelloop.agent.run_record import is_regression
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.server.tool_schemas import tool_definitions
 from kernelloop.tools.judge.profiling import read_profile
@@ -103,6 +103,6 @@ def test_a_profile_that_failed_on_the_machines_side_is_no_regression() -> None:
     failed = read_profile(blank, ToolRun(tool="ncu", returncode=1, output=restricted + "Counters\n", seconds=2.0))
     assert failed.status == Status.sandbox_error
     outcome = Outcome(step=4, trajectory=0, tool="profile_kernel", attempt_id=9, status=failed.status, results=[failed])
-    assert not RunLoop._is_regression(outcome, best_id=3, best_speedup=2.0)
+    assert not is_regression(outcome, best_id=3, best_speedup=2.0)
     as_a_test = outcome.model_copy(update={"tool": "run_tests"})
-    assert RunLoop._is_regression(as_a_test, best_id=3, best_speedup=2.0)  # the same failure of a test is one
+    assert is_regression(as_a_test, best_id=3, best_speedup=2.0)  # the same failure of a test is one

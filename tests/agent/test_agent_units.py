@@ -16,12 +16,12 @@ from kernelloop.agent.llm.anthropic_messages import AnthropicMessagesClient, to_
 from kernelloop.agent.llm.factory import is_private_url, resolve_llm_config
 from kernelloop.agent.llm.openai_chat import OpenAIChatClient
 from kernelloop.agent.llm.types import ChatMessage, LlmFailure, ToolCall, ToolDefinition
-from kernelloop.agent.loop import RunLoop
 from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, outcome_fields, status_text
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.proposers.replay import TranscriptError, parse_transcript
 from kernelloop.agent.proposers.search import SearchProposer
+from kernelloop.agent.run_record import RunRecord
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.agent.templates import KernelTemplate, TemplateError, discover_templates, load_template, render_params
 from kernelloop.contract import JobPublic
@@ -305,32 +305,30 @@ def test_the_loop_counts_what_the_service_counts() -> None:
     cancelled = outcome_fields(_job(status="cancelled", note="cancelled by agent"))
     assert cancelled == ("service_error", "cancelled by agent", None, None)
     assert outcome_fields(_job(status="cancelled", results=[narrowed], correct=None))[0] == "passed"  # kept verdict
-    config = AgentRunConfig(problem="causal_conv1d", backend="cpu", proposer="search")
-    loop = RunLoop(config, None, None, 1, Progress(io.StringIO(), quiet=True))  # type: ignore[arg-type]
+    record = RunRecord()
     for step, speedup in ((1, 2.0), (2, 1.5)):
-        loop._record(
+        record.add(
             0,
             Proposal(code="x"),
             Outcome(
                 step=step, trajectory=0, tool="evaluate", attempt_id=7, status="passed", correct=True, speedup=speedup
             ),
         )
-    assert loop.best() == (7, 1.5)
+    assert record.best() == (7, 1.5)
 
 
 def test_the_first_kernel_is_the_earliest_steps_even_when_it_finishes_last() -> None:
     """With several trajectories a later step can finish before step 1 (the baseline): the run's "first correct
     kernel", which its improvement is measured from, is still step 1's."""
-    config = AgentRunConfig(problem="causal_conv1d", backend="cpu", proposer="search", parallel=2)
-    loop = RunLoop(config, None, None, 1, Progress(io.StringIO(), quiet=True))  # type: ignore[arg-type]
+    record = RunRecord()
     for step, attempt, speedup in ((2, 8, 2.5), (1, 7, 0.03), (3, 9, 2.7)):
         outcome = Outcome(
             step=step, trajectory=step % 2, tool="evaluate", attempt_id=attempt, status="passed", correct=True,
             speedup=speedup,
         )  # fmt: skip
-        loop._record(step % 2, Proposal(code=str(attempt)), outcome)
-    assert loop.first_speedup == pytest.approx(0.03)
-    assert loop.best() == (9, 2.7)
+        record.add(step % 2, Proposal(code=str(attempt)), outcome)
+    assert record.first_speedup == pytest.approx(0.03)
+    assert record.best() == (9, 2.7)
 
 
 def test_a_kernel_without_a_parent_is_behind_the_best_not_a_regression() -> None:

@@ -20,6 +20,7 @@ from conftest import PROBLEM, REPO
 
 from kernelloop.agent.templates import discover_templates
 from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import KernelProfile, ProfileResult, Status
 
@@ -95,6 +96,6 @@ def test_a_profile_reads_every_metric_of_every_kernel_in_the_time_limit(workspac
 
 def test_a_profile_of_a_named_shape_profiles_that_shape(workspace) -> None:
     shape = load_problem(PROBLEM).benchmark_shapes("cuda")[1].name
-    result = api.profile_kernel(PROBLEM, SEED, "cuda", shape=shape, settings=workspace.settings)
+    result = api.profile_kernel(PROBLEM, SEED, "cuda", EvalOptions(shapes=[shape]), settings=workspace.settings)
     assert result.status == Status.passed, result.message
     assert result.shape == shape and result.summary.startswith(f"shape {shape}:")

@@ -12,6 +12,7 @@ import pytest
 from conftest import CPU_EXAMPLE, PROBLEM, run_kernelloop
 
 from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemError, load_problem
 from kernelloop.tools.results import Status
 
@@ -31,7 +32,7 @@ def test_an_unknown_shape_is_refused_naming_the_benchmark_shapes(workspace) -> N
     ]  # fmt: skip
     asked = random.choice([*correctness_only, "no_such_shape"])
     with pytest.raises(ProblemError) as refused:
-        api.profile_kernel(PROBLEM, CPU_EXAMPLE, "cuda", shape=asked, settings=workspace.settings)
+        api.profile_kernel(PROBLEM, CPU_EXAMPLE, "cuda", EvalOptions(shapes=[asked]), settings=workspace.settings)
     assert f"no benchmark shape {asked!r}" in str(refused.value)
     assert all(name in str(refused.value) for name in benchmark_shapes)
 

@@ -251,9 +251,8 @@ def test_nsight_compute_installed_apart_from_the_toolkit_is_shown(monkeypatch, t
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     argv = view.bubblewrap_argv(
-        job_dir=job_dir, build_dir=None, read_only=[], hidden=[], cuda_home=toolchain.cuda_home(), gpu=False,
-        seccomp_fd=None,
-    )  # fmt: skip
+        view.WorkerMounts(job_dir), hidden=[], cuda_home=toolchain.cuda_home(), gpu=False, seccomp_fd=None
+    )
 
     done = subprocess.run([*argv, "cat", str(installed / "ncu")], capture_output=True, text=True, timeout=60)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelloop.tools.results import Diagnostic
@@ -97,12 +98,11 @@ def build_log_diagnostics(log: str, source: str) -> list[Diagnostic]:
     burying the first error. Lines naming a generated file are mapped back to the submission.
     """
     lines = _ANSI.sub("", log).splitlines()
-    submitted = source.splitlines()
-    generated: dict[str, list[str] | None] = {}
+    sources = _Sources(source.splitlines())
     seen: set[tuple[str | None, int | None, str]] = set()  # (file, line, message)
     diagnostics: list[Diagnostic] = []
     for i, text in enumerate(lines):
-        diagnostic = _parse_line(text, lines[i + 1 : i + 1 + ECHO_WINDOW], submitted, generated)
+        diagnostic = _parse_line(text, lines[i + 1 : i + 1 + ECHO_WINDOW], sources)
         if diagnostic is None:
             continue
         key = (diagnostic.generated_file, diagnostic.generated_line, diagnostic.message)
@@ -115,9 +115,21 @@ def build_log_diagnostics(log: str, source: str) -> list[Diagnostic]:
     return diagnostics
 
 
-def _parse_line(
-    text: str, following: list[str], submitted: list[str], generated: dict[str, list[str] | None]
-) -> Diagnostic | None:
+@dataclass
+class _Sources:
+    """The submission's lines, and the lines of each file load_inline wrote from it (read once, when a message
+    names it)."""
+
+    submitted: list[str]
+    generated: dict[str, list[str] | None] = field(default_factory=dict)
+
+    def generated_lines(self, path: str) -> list[str] | None:
+        if path not in self.generated:
+            self.generated[path] = _read_lines(path)
+        return self.generated[path]
+
+
+def _parse_line(text: str, following: list[str], sources: _Sources) -> Diagnostic | None:
     """One log line as a diagnostic, or None for commands, context lines and source echoes."""
     if m := _GCC.match(text) or _NVCC.match(text):
         fields = m.groupdict()
@@ -125,17 +137,15 @@ def _parse_line(
         message = f"{fields['msg']} [#{fields['code']}]" if fields.get("code") else fields["msg"]
         column = int(fields["col"]) if fields.get("col") else None
         tool = "nvcc" if path.endswith((".cu", ".cuh")) else "gcc"
-        return _located(
-            _SEVERITY.get(fields["sev"], fields["sev"]),
-            message,
-            tool,
-            path,
-            line,
-            column,
-            _quoted_source(line, following),
-            submitted,
-            generated,
+        said = Diagnostic(
+            severity=_SEVERITY.get(fields["sev"], fields["sev"]),
+            column=column,
+            message=message,
+            tool=tool,
+            generated_file=Path(path).name,
+            generated_line=line,
         )
+        return _located(said, path, _quoted_source(line, following), sources)
     if m := _PTXAS.match(text):
         return Diagnostic(
             severity=_SEVERITY.get(m["sev"], m["sev"]), line=None, message=f"ptxas: {m['msg']}", tool="nvcc"
@@ -159,24 +169,13 @@ def _quoted_source(line: int, following: list[str]) -> str | None:
     return None
 
 
-def _located(
-    severity: str,
-    message: str,
-    tool: str,
-    path: str,
-    generated_line: int,
-    column: int | None,
-    quoted: str | None,
-    submitted: list[str],
-    generated: dict[str, list[str] | None],
-) -> Diagnostic:
-    """A compiler diagnostic with its line mapped to the submission when the file is one load_inline wrote."""
-    name = Path(path).name
+def _located(said: Diagnostic, path: str, quoted: str | None, sources: _Sources) -> Diagnostic:
+    """A compiler's diagnostic on line `said.generated_line` of the file at `path` (which may have echoed that line,
+    `quoted`), with its line mapped to the submission when the file is one load_inline wrote."""
+    generated_line, column, submitted = said.generated_line or 0, said.column, sources.submitted
     line, generated_text = None, quoted
-    if name in LOAD_INLINE_FILES:
-        if path not in generated:
-            generated[path] = _read_lines(path)
-        file_lines = generated[path]
+    if said.generated_file in LOAD_INLINE_FILES:
+        file_lines = sources.generated_lines(path)
         if file_lines is not None and 1 <= generated_line <= len(file_lines):
             generated_text = file_lines[generated_line - 1]
             line = _align(file_lines, generated_line, submitted)
@@ -185,16 +184,7 @@ def _located(
     text = submitted[line - 1] if line is not None else None
     if text is not None and column is not None and generated_text is not None:
         column += _indent(text) - _indent(generated_text)  # the string may have been dedented
-    return Diagnostic(
-        severity=severity,
-        line=line,
-        column=column,
-        message=message,
-        excerpt=text,
-        tool=tool,
-        generated_file=name,
-        generated_line=generated_line,
-    )
+    return said.model_copy(update={"line": line, "column": column, "excerpt": text})
 
 
 def submitted_line(generated_path: str, generated_line: int, source: str) -> int | None:

@@ -37,6 +37,8 @@ from kernelloop.tools.judge.session import (
     prepare,
     redraws,
     reference_model,
+    reference_on,
+    reference_outputs,
     selected,
     set_precision_policy,
     share,
@@ -179,19 +181,14 @@ class _ShapeSetup:
 
 def _shape_setup(session: Session, shape: ShapeSpec) -> _ShapeSetup:
     model_seed = session.seeds.model_seed(session.seeds.draw())
-    try:
+    with reference_on(shape):
         torch.manual_seed(model_seed)
         reference = reference_model(session, shape)
         drawn = redraws(session, shape)
         input_sets = [drawn.first_set(), drawn.next_set()]
         if drawn.pooled:  # the two sets must not share storage: each has its own shared buffers
             input_sets[1] = candidate.clone_inputs(input_sets[1])
-        with torch.no_grad():
-            outputs = checking.flatten_outputs(reference(*input_sets[0])) or []
-    except Exception as exc:
-        raise Fail(Status.sandbox_error, harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
-    if not outputs:
-        raise Fail(Status.sandbox_error, f"the reference's forward for shape {shape.name} returned no tensor")
+    outputs = reference_outputs(reference, input_sets[0], shape)
     return _ShapeSetup(reference, model_seed, drawn, input_sets, outputs)
 
 
@@ -253,15 +250,13 @@ class _ShapeTiming:
         }
         subjects["candidate"] = self.time_candidate
         options = self.session.step.options
-        return timing.measure(
-            subjects,
-            before_round=self.redraw,
-            after_round=self.check_round,
+        plan = timing.SamplingPlan(
             n_sets=len(self.private_sets),
             budget_s=options.time_budget_s,
             min_samples=options.min_samples,
             max_samples=options.max_samples,
         )
+        return timing.measure(subjects, plan, before_round=self.redraw, after_round=self.check_round)
 
     def redraw(self, set_index: int) -> None:
         """The next values of input set `set_index` (a fresh draw, or a pool's set picked at random), copied into

@@ -13,13 +13,14 @@ forward's work (kernels launched outside the range) disagrees with it and carrie
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kernelloop.tools.datasheet import datasheet_peaks
 from kernelloop.tools.jobs import WorkerJob
-from kernelloop.tools.judge import checking, ncu_report, profile_summary, timing
+from kernelloop.tools.judge import ncu_report, profile_summary, timing
 from kernelloop.tools.judge.compiling import load, start
 from kernelloop.tools.judge.gpu_tools import gpu_tool, missing_tool_message
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink, ToolRun
@@ -34,6 +35,8 @@ from kernelloop.tools.judge.session import (
     prepare,
     redraws,
     reference_model,
+    reference_on,
+    reference_outputs,
     selected,
     set_precision_policy,
     share,
@@ -79,9 +82,9 @@ def profile_phase(job: WorkerJob, link: RunnerLink, report: Report) -> ProfileRe
         return _failed(result, compiled.status, compiled.message)
     report(result)
     try:
-        inputs, outputs, model_seed, reference = _shape_setup(session, shape)
+        profiled = _shape_setup(session, shape)
         with stopwatch(result, "judge_timing"):
-            result.judge_ms = _judge_time(session, shape, inputs, outputs, model_seed, reference)
+            result.judge_ms = _judge_time(session, profiled)
     except (Fail, RunnerFailed) as exc:
         before = as_failure(exc, "in a forward before the profiler ran")
         return _failed(result, before.status, before.message)
@@ -89,7 +92,7 @@ def profile_phase(job: WorkerJob, link: RunnerLink, report: Report) -> ProfileRe
         return _failed(result, Status.sandbox_error, harness_failure("the judge failed before profiling", exc))
     link.close()  # the main runner's work is done: the device's memory is the profiled runner's now
     with stopwatch(result, "profile"):
-        tool_run, failure = _profiled_forward(job, shape, inputs, outputs, model_seed, reference, ncu)
+        tool_run, failure = _profiled_forward(job, profiled, ncu)
     result.tool_seconds = tool_run.seconds
     if failure is not None and ncu_report.NO_COUNTERS not in tool_run.output:
         result.tool_log = tool_run.output[-TOOL_LOG_CHARS:]
@@ -113,37 +116,40 @@ def _failed(result: ProfileResult, status: Status, message: str) -> ProfileResul
     return result
 
 
-def _shape_setup(session: Session, shape: ShapeSpec) -> tuple[list[Any], list[torch.Tensor], int, torch.nn.Module]:
-    """One input set of the shape, drawn as the benchmark draws its first, the reference's output on it (the
-    slots' shapes), and the reference (its parameters go to the candidate) with the seed it was built under."""
+@dataclass(frozen=True)
+class ProfiledShape:
+    """What a profile's forwards run on: one input set of the shape, drawn as the benchmark draws its first, the
+    reference's outputs on it (the slots' shapes), and the reference (its parameters go to the candidate) with
+    the seed it was built under."""
+
+    shape: ShapeSpec
+    inputs: list[Any]
+    outputs: list[torch.Tensor]
+    model_seed: int
+    reference: torch.nn.Module
+
+    def warm_up(self, session: Session, where: str) -> None:
+        """Share the input set with a runner, build the candidate there, and call it once, untimed."""
+        shared = share(session.device, self.reference, [self.inputs], self.outputs, n_slots=1)
+        prepare(session, "candidate", self.shape, self.model_seed, shared)
+        answered(session.ask_call(Call(input_set=0, slot=0, timed=False), 1.0), f"the warm-up forward{where}")
+
+
+def _shape_setup(session: Session, shape: ShapeSpec) -> ProfiledShape:
+    """The shape's input set, outputs and reference (`ProfiledShape`)."""
     model_seed = session.seeds.model_seed(session.seeds.draw())
-    try:
+    with reference_on(shape):
         torch.manual_seed(model_seed)
         reference = reference_model(session, shape)
         inputs = redraws(session, shape).first_set()
-        with torch.no_grad():
-            outputs = checking.flatten_outputs(reference(*inputs)) or []
-    except Exception as exc:
-        raise Fail(Status.sandbox_error, harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
-    if not outputs:
-        raise Fail(Status.sandbox_error, f"the reference's forward for shape {shape.name} returned no tensor")
-    return inputs, outputs, model_seed, reference
+    return ProfiledShape(shape, inputs, reference_outputs(reference, inputs, shape), model_seed, reference)
 
 
-def _judge_time(
-    session: Session,
-    shape: ShapeSpec,
-    inputs: list[Any],
-    outputs: list[torch.Tensor],
-    model_seed: int,
-    reference: torch.nn.Module,
-) -> float:
+def _judge_time(session: Session, profiled: ProfiledShape) -> float:
     """The forward's time on this input set in the main runner, by CUDA events, with ncu nowhere near, each
     call after the judge's L2 flush (ncu flushes the caches before each kernel it profiles)."""
     clock = timing.Clock(session.device)
-    shared = share(session.device, reference, [inputs], outputs, n_slots=1)
-    prepare(session, "candidate", shape, model_seed, shared)
-    answered(session.ask_call(Call(input_set=0, slot=0, timed=False), 1.0), "the warm-up forward")
+    profiled.warm_up(session, "")
     times = []
     for _ in range(JUDGE_TIMED_CALLS):
         clock.clear()
@@ -153,15 +159,7 @@ def _judge_time(
     return round(statistics.median(times), 4)
 
 
-def _profiled_forward(
-    job: WorkerJob,
-    shape: ShapeSpec,
-    inputs: list[Any],
-    outputs: list[torch.Tensor],
-    model_seed: int,
-    reference: torch.nn.Module,
-    ncu: str,
-) -> tuple[ToolRun, Fail | None]:
+def _profiled_forward(job: WorkerJob, profiled: ProfiledShape, ncu: str) -> tuple[ToolRun, Fail | None]:
     """A second runner under ncu: the build loaded again (from the cache), a warm-up forward outside the range,
     one inside it; then ncu's exit and its output, and how the forward failed if it did (ncu's output says
     more: a host that restricts the counters, a tool that could not start the runner)."""
@@ -175,11 +173,9 @@ def _profiled_forward(
         again = load(session, again)
         if again.status != Status.passed:
             raise Fail(again.status, f"under ncu, the build did not load again: {again.message}")
-        shared = share(session.device, reference, [inputs], outputs, n_slots=1)
-        prepare(session, "candidate", shape, model_seed, shared)
-        answered(session.ask_call(Call(input_set=0, slot=0, timed=False), 1.0), "the warm-up forward under ncu")
-        profiled = Call(input_set=0, slot=0, timed=False, nvtx_range=True)
-        answered(session.ask_call(profiled, PROFILED_CALL_S / CALL_DEADLINE_FACTOR), "the forward under ncu")
+        profiled.warm_up(session, " under ncu")
+        in_range = Call(input_set=0, slot=0, timed=False, nvtx_range=True)
+        answered(session.ask_call(in_range, PROFILED_CALL_S / CALL_DEADLINE_FACTOR), "the forward under ncu")
     except (Fail, RunnerFailed) as exc:
         failure = as_failure(exc, "in the forward under ncu")
     except Exception as exc:  # the judge's own side (sharing the inputs)

@@ -223,6 +223,24 @@ def free_device_memory(device: torch.device) -> None:
 # ---- the judge's reference and inputs -----------------------------------------------------------------------
 
 
+@contextmanager
+def reference_on(shape: ShapeSpec) -> Iterator[None]:
+    """Inside, what fails is the judge's side of `shape` (the problem's reference, its inputs): sandbox_error."""
+    try:
+        yield
+    except Exception as exc:
+        raise Fail(Status.sandbox_error, harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
+
+
+def reference_outputs(reference: torch.nn.Module, inputs: list[Any], shape: ShapeSpec) -> list[torch.Tensor]:
+    """The reference's outputs on one input set: the shapes of the candidate's output slots."""
+    with reference_on(shape), torch.no_grad():
+        outputs = checking.flatten_outputs(reference(*inputs)) or []
+    if not outputs:
+        raise Fail(Status.sandbox_error, f"the reference's forward for shape {shape.name} returned no tensor")
+    return outputs
+
+
 def reference_model(session: Session, shape: ShapeSpec) -> torch.nn.Module:
     """The judge's reference for a shape, on the device, cast where the job asks for a precision, and in the mode
     the policy calls it: as constructed (training mode) or eval mode."""

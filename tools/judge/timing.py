@@ -123,23 +123,33 @@ class Clock:
         return start.elapsed_time(end), out
 
 
+@dataclass(frozen=True)
+class SamplingPlan:
+    """How long `measure` samples: rounds over `n_sets` input sets, `warmup_rounds` of them untimed, then at least
+    `min_samples` and at most `max_samples` of each subject, until every subject's relative standard error is under
+    `target_rel_se`, or `budget_s` is spent (a cap, once there are MIN_SAMPLES_UNDER_CAP)."""
+
+    n_sets: int
+    budget_s: float
+    min_samples: int
+    max_samples: int
+    target_rel_se: float = 0.01
+    warmup_rounds: int = 3
+
+
 def measure(
     subjects: dict[str, Callable[[int], float]],
+    plan: SamplingPlan,
     *,
     before_round: Callable[[int], None],
     after_round: Callable[[int], None],
-    n_sets: int,
-    budget_s: float,
-    min_samples: int,
-    max_samples: int,
-    target_rel_se: float = 0.01,
-    warmup_rounds: int = 3,
 ) -> dict[str, list[float]]:
-    """Samples of each subject (a callable taking the input set's index and returning milliseconds)."""
+    """Samples of each subject (a callable taking the input set's index and returning milliseconds), interleaved:
+    `before_round` and `after_round` bracket each round with the index of its input set."""
     samples: dict[str, list[float]] = {name: [] for name in subjects}
 
     def one_round(index: int, keep: bool) -> None:
-        set_index = index % n_sets
+        set_index = index % plan.n_sets
         before_round(set_index)
         names = list(subjects) if index % 2 == 0 else list(reversed(subjects))
         for name in names:
@@ -148,20 +158,20 @@ def measure(
                 samples[name].append(elapsed)
         after_round(set_index)
 
-    for index in range(warmup_rounds):
+    for index in range(plan.warmup_rounds):
         one_round(index, keep=False)
-    deadline = time.monotonic() + budget_s
+    deadline = time.monotonic() + plan.budget_s
     rounds = 0
     while True:
         one_round(rounds, keep=True)
         rounds += 1
-        if rounds >= max_samples:
+        if rounds >= plan.max_samples:
             break
         if time.monotonic() > deadline and rounds >= MIN_SAMPLES_UNDER_CAP:  # the budget is a cap
             break
-        if rounds < min_samples:
+        if rounds < plan.min_samples:
             continue
-        if all(_relative_standard_error(s) < target_rel_se for s in samples.values()):
+        if all(_relative_standard_error(s) < plan.target_rel_se for s in samples.values()):
             break
     return samples
 

@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -82,7 +83,7 @@ class Runner:
         self.input_sets: list[list[Any]] = []
         self.output_slots: list[list[torch.Tensor]] = []
         self.wants_gpu = False
-        self.reset_l2 = lambda: None
+        self.reset_l2: Callable[[], None] = lambda: None
         self.launch_overhead_ms = 0.0
         self.no_gpu_reason = ""
 
@@ -237,7 +238,7 @@ class Runner:
         on a one-element kernel exactly as `call` times, each sample after an L2-sized write (the judge's flush
         precedes every timed call; the GPU's clocks are up)."""
         one = torch.zeros(1, device=flush_buffer.device)
-        samples = []
+        samples: list[float] = []
         for _ in range(30):
             flush_buffer.zero_()
             _synchronize()

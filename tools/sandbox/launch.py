@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from kernelloop.tools.compilation import header_cache, object_cache, observer_library, toolchain
@@ -31,6 +32,7 @@ from kernelloop.tools.sandbox import seccomp, view
 from kernelloop.tools.sandbox.cgroups import JobCgroup
 from kernelloop.tools.sandbox.limits import Limits, LimitWatch
 from kernelloop.tools.sandbox.process_watch import ProcessWatch
+from kernelloop.tools.sandbox.view import WorkerMounts
 from kernelloop.tools.settings import SandboxSettings
 
 # The only variables a worker inherits from the caller; secrets and service settings stay behind.
@@ -118,7 +120,7 @@ def _prove(settings: SandboxSettings) -> Isolation:
         canary.write_text("submitted code must not see this file\n")
     secrets = [*canaries, Path(".env").resolve(), Path("/etc/shadow"), Path.home() / ".ssh"]
     with tempfile.TemporaryDirectory(prefix="probe-", dir=settings.jobs_dir) as job_dir:
-        argv = worker_argv(settings, Path(job_dir), None, [], gpu=False, seccomp_fd=None)
+        argv = worker_argv(settings, WorkerMounts(Path(job_dir)), gpu=False, seccomp_fd=None)
         done = subprocess.run(
             argv + [sys.executable, "-I", "-c", PROBE, *map(str, secrets)], capture_output=True, timeout=60
         )
@@ -158,32 +160,14 @@ def observer_seen_by_worker(settings: SandboxSettings, folder: Path | None) -> s
     return str(seen_at / observer_library.LIBRARY)
 
 
-def worker_argv(
-    settings: SandboxSettings,
-    job_dir: Path,
-    build_dir: Path | None,
-    read_only: list[Path],
-    *,
-    gpu: bool,
-    seccomp_fd: int | None,
-    headers: Path | None = None,
-    objects: Path | None = None,
-    observer: Path | None = None,
-) -> list[str]:
-    """The bubblewrap prefix for one job (see kernelloop.tools.sandbox.view)."""
+def worker_argv(settings: SandboxSettings, mounts: WorkerMounts, *, gpu: bool, seccomp_fd: int | None) -> list[str]:
+    """The bubblewrap prefix for one job (see kernelloop.tools.sandbox.view), with the paths the settings add."""
     hidden = [settings.data_dir.resolve(), Path(".env").resolve(), *settings.sandbox_hidden_paths]
+    read_only = (*mounts.read_only, *settings.sandbox_read_only_paths)
     return view.bubblewrap_argv(
-        job_dir=job_dir,
-        build_dir=build_dir,
-        read_only=[*read_only, *settings.sandbox_read_only_paths],
-        hidden=hidden,
-        cuda_home=toolchain.cuda_home(),
-        gpu=gpu,
+        replace(mounts, read_only=read_only), hidden=hidden, cuda_home=toolchain.cuda_home(), gpu=gpu,
         seccomp_fd=seccomp_fd,
-        headers=headers,
-        objects=objects,
-        observer=observer,
-    )
+    )  # fmt: skip
 
 
 class _CappedReader(threading.Thread):
@@ -275,23 +259,11 @@ class StartedWorker:
     """
 
     def __init__(
-        self,
-        *,
-        job_dir: Path,
-        build_dir: Path | None,
-        env: dict[str, str],
-        settings: SandboxSettings,
-        module: str,
-        read_only: list[Path],
-        cpu_limit_s: float,
-        headers: Path | None = None,
-        objects: Path | None = None,
-        observer: Path | None = None,
+        self, *, mounts: WorkerMounts, env: dict[str, str], settings: SandboxSettings, module: str, cpu_limit_s: float
     ):
-        """`headers`: a folder of precompiled headers to show read-only (kernelloop.tools.compilation.header_cache);
-        `objects`: the objects of unchanged sources, read-only, for builds that use those headers
-        (kernelloop.tools.compilation.object_cache; under bubblewrap only); `observer`: the folder of the operator
-        observer's library (kernelloop.tools.compilation.observer_library), read-only."""
+        """The objects of unchanged sources (`mounts.objects`) are shown under bubblewrap only, to builds that use
+        the precompiled headers; without bubblewrap the headers are read where they are."""
+        job_dir, headers = mounts.job_dir, mounts.headers
         self.job_dir, self.settings = job_dir, settings
         self.isolation = available_isolation(settings)
         (job_dir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -302,12 +274,10 @@ class StartedWorker:
         prefix: list[str] = []
         if self.isolation == "bubblewrap":
             keep.append(_seccomp_fd())
-            objects = objects if headers is not None and build_dir is not None else None
-            prefix = worker_argv(
-                settings, job_dir, build_dir, read_only, gpu=gpu, seccomp_fd=keep[1], headers=headers,
-                objects=objects, observer=observer,
-            )  # fmt: skip
-            if objects is not None:
+            if headers is None or mounts.build_dir is None:
+                mounts = replace(mounts, objects=None)
+            prefix = worker_argv(settings, mounts, gpu=gpu, seccomp_fd=keep[1])
+            if mounts.objects is not None:
                 env = {**env, **object_cache.build_environment(view.OBJECTS_MOUNT, view.BUILD_MOUNT)}
         elif self.isolation == "unshare":
             prefix = ["unshare", "-n", "--"]
@@ -427,7 +397,7 @@ def run_command(
         raise SandboxUnavailable("a trusted compile needs bubblewrap")
     seccomp_read = _seccomp_fd()
     try:
-        prefix = worker_argv(settings, work_dir, None, [], gpu=False, seccomp_fd=seccomp_read)
+        prefix = worker_argv(settings, WorkerMounts(work_dir), gpu=False, seccomp_fd=seccomp_read)
         env = worker_environment({}, work_dir)
         (work_dir / "tmp").mkdir(exist_ok=True)
         return subprocess.run(

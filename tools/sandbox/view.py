@@ -13,13 +13,13 @@ sees is kept to this list and is all read-only.
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import shutil
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-
-import kernelloop
 
 SANDBOX_UID = 65534  # nobody, inside the sandbox's user namespace
 BUILD_MOUNT = Path("/kernelloop-build")  # the job's build folder, as the worker sees it
@@ -45,14 +45,15 @@ def has_gpu_devices() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
+WORKER_PACKAGES = ("kernelloop", "kernelloop.tools")
+"""what a sandboxed worker imports of ours: the namespace, and the tools (the judge, the runner, the compilation)"""
+
+
 def package_dirs() -> list[Path]:
-    """This package's folder and, where its subpackages are links (a source checkout), their targets."""
-    root = Path(kernelloop.__file__).parent
-    dirs = [root]
-    for child in root.iterdir():
-        if child.is_symlink() and child.is_dir():
-            dirs.append(child.resolve())
-    return dirs
+    """The folders of the packages a worker imports, where this installation keeps them (each package's `__path__`):
+    one folder, `kernelloop/`, in an installed wheel; in an editable install of a checkout, `kernelloop/` and the
+    top-level `tools/`, which the install's import finder maps to `kernelloop.tools`."""
+    return [Path(folder) for name in WORKER_PACKAGES for folder in importlib.import_module(name).__path__]
 
 
 def python_dirs() -> list[Path]:
@@ -128,18 +129,24 @@ def _crosses_link(base: Path, path: Path) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class WorkerMounts:
+    """The folders a worker is shown besides the system, the interpreter and this package: its job folder (the one
+    writable place) and build folder, paths it may read, and, read-only at fixed paths, the host's caches: `headers`
+    (precompiled headers, kernelloop.tools.compilation.header_cache), `objects` (the objects of unchanged sources,
+    for builds that use those headers; object_cache) and `observer` (the operator observer's library;
+    observer_library)."""
+
+    job_dir: Path
+    build_dir: Path | None = None
+    read_only: tuple[Path, ...] = ()
+    headers: Path | None = None
+    objects: Path | None = None
+    observer: Path | None = None
+
+
 def bubblewrap_argv(
-    *,
-    job_dir: Path,
-    build_dir: Path | None,
-    read_only: list[Path],
-    hidden: list[Path],
-    cuda_home: str | None,
-    gpu: bool,
-    seccomp_fd: int | None,
-    headers: Path | None = None,
-    objects: Path | None = None,
-    observer: Path | None = None,
+    mounts: WorkerMounts, *, hidden: list[Path], cuda_home: str | None, gpu: bool, seccomp_fd: int | None
 ) -> list[str]:
     """The `bwrap ... --` prefix that runs a command in the worker's world."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID)]
@@ -150,7 +157,7 @@ def bubblewrap_argv(
     for name in SYSTEM_DIRS + ETC_FILES:
         argv += ["--ro-bind-try", name, name]
     system = [Path(p) for p in SYSTEM_DIRS]
-    wanted = [*python_dirs(), *package_dirs(), *toolchain_dirs(cuda_home), *read_only]
+    wanted = [*python_dirs(), *package_dirs(), *toolchain_dirs(cuda_home), *mounts.read_only]
     shown = _outermost(p for p in wanted if not any(p.is_relative_to(s) for s in system))
     for path in shown:
         argv += ["--ro-bind", str(path), str(path)]
@@ -167,13 +174,14 @@ def bubblewrap_argv(
             argv += ["--tmpfs", str(path)]
         elif path.exists():
             argv += ["--ro-bind", "/dev/null", str(path)]
-    argv += ["--bind", str(job_dir), str(job_dir)]
-    if build_dir is not None:
-        argv += ["--bind", str(build_dir), str(BUILD_MOUNT)]
-    if headers is not None:
-        argv += ["--ro-bind", str(headers), str(HEADERS_MOUNT)]
-    if objects is not None:
-        argv += ["--ro-bind", str(objects), str(OBJECTS_MOUNT)]
-    if observer is not None:
-        argv += ["--ro-bind", str(observer), str(OBSERVER_MOUNT)]
-    return argv + ["--remount-ro", "/", "--chdir", str(job_dir), "--"]
+    argv += ["--bind", str(mounts.job_dir), str(mounts.job_dir)]
+    if mounts.build_dir is not None:
+        argv += ["--bind", str(mounts.build_dir), str(BUILD_MOUNT)]
+    for cache, mount in (
+        (mounts.headers, HEADERS_MOUNT),
+        (mounts.objects, OBJECTS_MOUNT),
+        (mounts.observer, OBSERVER_MOUNT),
+    ):
+        if cache is not None:
+            argv += ["--ro-bind", str(cache), str(mount)]
+    return argv + ["--remount-ro", "/", "--chdir", str(mounts.job_dir), "--"]

@@ -21,6 +21,7 @@ from kernelloop.tools.compilation import header_cache, object_cache, observer_li
 from kernelloop.tools.results import SandboxReport
 from kernelloop.tools.sandbox import launch, stop
 from kernelloop.tools.sandbox.limits import folder_bytes
+from kernelloop.tools.sandbox.view import WorkerMounts
 from kernelloop.tools.sandbox.worker_pool import Spare, SpareKind, WorkerPool
 from kernelloop.tools.settings import SandboxSettings
 
@@ -56,32 +57,38 @@ class WorkerCall(Generic[Reply]):
     """what the job left in its folder, its build included"""
 
 
-def call_worker(
-    module: str,
-    make_job: Callable[[JobFolder], BaseModel],
-    reply_type: type[Reply],
-    *,
-    settings: SandboxSettings,
-    timeout_s: float,
-    read_only: list[Path] | None = None,
-    on_reply: Callable[[Reply], None] | None = None,
-    on_finish: Callable[[JobFolder, int], None] | None = None,
-    folder_prefix: str = "job",
-    pool: WorkerPool | None = None,
-) -> WorkerCall[Reply]:
-    """Run `python -m MODULE` in the sandbox on the job `make_job(folder)` builds, and collect its replies.
+@dataclass(frozen=True)
+class WorkerRequest(Generic[Reply]):
+    """One job for a worker: `python -m MODULE` on the job `make_job(folder)` builds (it may write files into the
+    folder), within `timeout_s`, shown `read_only` besides its own folder; a line on its reply pipe counts only if
+    it parses as `reply_type` and carries the job's nonce, and each one goes to `on_reply`; `on_finish(folder,
+    disk_bytes)` sees the folder before it is removed. `folder_prefix` names the folder (the phase, say)."""
 
-    The job folder (the worker's HOME and TMPDIR, and its build folder; `make_job` may write files there)
-    is removed afterwards, after `on_finish(folder, disk_bytes)`. A line on the reply pipe counts only if
-    it parses as `reply_type` and carries this job's nonce. With a `pool`, the job takes a worker started
-    ahead for its kind when there is one, and a spare starts beside it for the next job of the kind.
+    module: str
+    make_job: Callable[[JobFolder], BaseModel]
+    reply_type: type[Reply]
+    timeout_s: float
+    read_only: list[Path] = field(default_factory=list)
+    on_reply: Callable[[Reply], None] | None = None
+    on_finish: Callable[[JobFolder, int], None] | None = None
+    folder_prefix: str = "job"
+
+
+def call_worker(
+    request: WorkerRequest[Reply], settings: SandboxSettings, pool: WorkerPool | None = None
+) -> WorkerCall[Reply]:
+    """Run the request's job in a sandboxed worker and collect its replies.
+
+    The job folder (the worker's HOME and TMPDIR, and its build folder) is removed afterwards. With a `pool`, the
+    job takes a worker started ahead for its kind when there is one, and a spare starts beside it for the next job
+    of the kind.
     """
-    read_only = read_only or []
+    module, read_only, timeout_s = request.module, request.read_only, request.timeout_s
     kind = SpareKind(module, tuple(map(str, read_only)), settings.model_dump_json())
     spare = pool.take(kind) if pool is not None else None
     if pool is not None:  # the next job of this kind finds its worker started during this one
         pool.refill(kind, lambda: _spare(module, settings, read_only))
-    path = spare.folder if spare is not None else _new_folder(settings, folder_prefix)
+    path = spare.folder if spare is not None else _new_folder(settings, request.folder_prefix)
     folder = JobFolder(
         path,
         secrets.token_hex(16),
@@ -94,15 +101,15 @@ def call_worker(
 
     def on_message(line: bytes) -> None:
         try:
-            reply = reply_type.model_validate_json(line)
+            reply = request.reply_type.model_validate_json(line)
         except ValueError as exc:
             if folder.nonce.encode() in line:
                 malformed.append(str(exc)[:500])
             return  # a line without the job's nonce is not ours: ignored
         if getattr(reply, "nonce", None) == folder.nonce:
             replies.append(reply)
-            if on_reply is not None:
-                on_reply(reply)
+            if request.on_reply is not None:
+                request.on_reply(reply)
 
     try:
         if spare is not None:
@@ -110,7 +117,7 @@ def call_worker(
         else:
             worker = _start(module, settings, path, read_only, launch.cpu_limit(timeout_s))
         try:
-            job = make_job(folder).model_dump_json().encode()
+            job = request.make_job(folder).model_dump_json().encode()
         except BaseException:
             worker.discard()  # it waits for a job that will not come
             raise
@@ -118,8 +125,8 @@ def call_worker(
             report = worker.run(job, timeout_s, on_message)
         report.prestarted = spare is not None
         disk_bytes = folder_bytes(path)
-        if on_finish is not None:
-            on_finish(folder, disk_bytes)
+        if request.on_finish is not None:
+            request.on_finish(folder, disk_bytes)
     finally:
         shutil.rmtree(path, ignore_errors=True)
     return WorkerCall(report=report, replies=replies, malformed=malformed, disk_bytes=disk_bytes)
@@ -135,17 +142,20 @@ def _new_folder(settings: SandboxSettings, prefix: str) -> Path:
 def _start(
     module: str, settings: SandboxSettings, path: Path, read_only: list[Path], cpu_limit_s: float
 ) -> launch.StartedWorker:
-    return launch.StartedWorker(
+    mounts = WorkerMounts(
         job_dir=path,
         build_dir=path / "build",
-        env=launch.worker_environment(toolchain.build_environment(settings), path),
-        settings=settings,
-        module=module,
-        read_only=read_only,
-        cpu_limit_s=cpu_limit_s,
+        read_only=tuple(read_only),
         headers=header_cache.ready(settings),
         objects=object_cache.ready(settings),
         observer=_observer_library(settings),
+    )
+    return launch.StartedWorker(
+        mounts=mounts,
+        env=launch.worker_environment(toolchain.build_environment(settings), path),
+        settings=settings,
+        module=module,
+        cpu_limit_s=cpu_limit_s,
     )
 
 
