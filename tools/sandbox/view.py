@@ -45,8 +45,9 @@ def has_gpu_devices() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
-WORKER_PACKAGES = ("kernelloop", "kernelloop.tools")
-"""what a sandboxed worker imports of ours: the namespace, and the tools (the judge, the runner, the compilation)"""
+WORKER_PACKAGES = ("kernelloop", "kernelloop.tools", "kernelloop.reference_problems")
+"""what a sandboxed worker imports of ours: the namespace, the tools (the judge, the runner, the compilation), and
+the shipped problems (one may import another's: causal_conv1d_fp32 re-exports causal_conv1d's model)"""
 
 
 def package_dirs() -> list[Path]:
