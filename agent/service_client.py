@@ -171,8 +171,7 @@ class ServiceClient:
                 kind="unreachable",
                 message=f"the service at {self.base_url} did not answer "
                 f"{method} {path}: {type(answer.error).__name__}: {answer.error}".rstrip(": "),
-                fix="start it (kernelloop serve) or leave out --server to run one embedded; "
-                "then `kernelloop agent resume RUN_ID` continues the run",
+                fix="start it (kernelloop serve) or leave out --server to run one embedded",
             )
         if response.status_code >= 500:
             return ServiceFailure(
