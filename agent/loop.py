@@ -140,6 +140,7 @@ class RunLoop:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
         if self.interrupted:
+            self.client.stop_waiting()  # Ctrl-C during an outage: mark the run if the service answers, else go
             status, reason = "interrupted", "interrupted (Ctrl-C): the run is marked interrupted"
         if status == "finished":
             if self.fatal is not None:

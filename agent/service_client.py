@@ -10,6 +10,7 @@ the restart finds the job its first try queued instead of queueing a second.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -105,6 +106,11 @@ class ServiceClient:
         await self._http.aclose()
 
     # ------------------------------------------------------------------------------------- transport
+    def stop_waiting(self) -> None:
+        """From now on a service that does not answer fails the call at once (a run the user interrupted is marked
+        so if the service answers, and not waited for if it does not)."""
+        self.retry_policy = dataclasses.replace(self.retry_policy, outage_s=0.0)
+
     def _note(self, message: str) -> None:
         if self.on_note is not None:
             self.on_note(message)
@@ -165,8 +171,7 @@ class ServiceClient:
                 kind="unreachable",
                 message=f"the service at {self.base_url} did not answer "
                 f"{method} {path}: {type(answer.error).__name__}: {answer.error}".rstrip(": "),
-                fix="start it (kernelloop serve) or leave out --server to run one embedded; "
-                "then `kernelloop agent resume RUN_ID` continues the run",
+                fix="start it (kernelloop serve) or leave out --server to run one embedded",
             )
         if response.status_code >= 500:
             return ServiceFailure(

@@ -5,6 +5,7 @@ query parameters it names; docker compose is shown with the token it needs; `mak
 from __future__ import annotations
 
 import re
+import subprocess
 
 from conftest import REPO
 from fastapi import FastAPI
@@ -50,3 +51,18 @@ def test_the_readme_says_make_installs_bubblewrap_as_root() -> None:
     assert "apt-get install" in makefile and "bubblewrap" in makefile
     two_commands = README[README.index("## The two commands") : README.index("## The tools")]
     assert "apt-get install bubblewrap" in two_commands and "root" in two_commands, two_commands
+
+
+def test_make_run_installs_what_the_agent_uses_and_make_test_adds_the_test_extras(tmp_path) -> None:
+    def planned(target: str) -> str:
+        dry = subprocess.run(
+            ["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True, text=True
+        )
+        assert dry.returncode == 0, dry.stderr
+        return dry.stdout
+
+    run, test = planned("run"), planned("test")
+    assert "pip install -q -e .\n" in run and "[test]" not in run, run  # no ray, playwright, schemathesis, mypy
+    assert "pip install -q -e '.[test]'" in test, test
+    two_commands = README[README.index("## The two commands") : README.index("## The tools")]
+    assert "test extras" in two_commands and "about 2 minutes on a 2-core CPU" not in two_commands
