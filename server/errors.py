@@ -42,12 +42,12 @@ class ApiError(Exception):
 
 
 def row_or_unknown(session: Session, table: type[Row], row_id: int, *, field: str, fix: str) -> Row:
-    """The row of `table` with this id, or the ApiError that says there is none (`unknown_job`, `no job 7`): 404
-    for an id in the path, 422 for one in the body."""
+    """The row of `table` with this id, or the ApiError that says there is none (`unknown_job`, `no job 7`): 422 for
+    an id in the body, 404 for one in the path or a tool's arguments."""
     row = session.get(table, row_id)
     if row is None:
         what = table.__name__.lower()
-        status_code = 404 if field.startswith("path") else 422
+        status_code = 422 if field.startswith("body") else 404
         raise ApiError(status_code, f"unknown_{what}", f"no {what} {row_id}", field=field, fix=fix)
     return row
 
