@@ -42,8 +42,8 @@ class ApiError(Exception):
 
 
 def row_or_unknown(session: Session, table: type[Row], row_id: int, *, field: str, fix: str) -> Row:
-    """The row of `table` with this id, or the ApiError that says there is none (`unknown_job`, `no job 7`): 422
-    for an id in a request's body, 404 for one in its path or a resource's URI (MCP's `attempt_id`)."""
+    """The row of `table` with this id, or the ApiError that says there is none (`unknown_job`, `no job 7`): 422 for
+    an id in the body, 404 for one in the path or a tool's arguments."""
     row = session.get(table, row_id)
     if row is None:
         what = table.__name__.lower()

@@ -40,8 +40,8 @@ from kernelloop.tools.results import Backend, TolerancePolicy
 @functools.cache
 def shipped_problems_dir() -> Path:
     """The shipped problems' folder (a data package, found as the import system finds it, without importing it):
-    inside kernelloop/ when installed from a wheel, the checkout's top-level folder in an editable install. Asked
-    for when needed: a sandboxed worker, which is shown only the packages it imports, never reads it."""
+    inside kernelloop/ when installed from a wheel, the checkout's top-level folder in an editable install. Found
+    when first asked for, not when this module is imported."""
     spec = importlib.util.find_spec("kernelloop.reference_problems")
     assert spec is not None and spec.submodule_search_locations, "kernelloop.reference_problems is not installed"
     return Path(list(spec.submodule_search_locations)[0])

@@ -498,7 +498,7 @@ def test_agent_time_budget_is_refused_naming_max_run_seconds(
 
 
 def test_statuses_are_the_status_enum_and_a_stored_search_reads_back() -> None:
-    from kernelloop.agent.proposers.search import Trial
+    from kernelloop.agent.proposers.search_plan import Trial
 
     stored = {"key": "k", "label": "k", "status": "wrong_result"}  # as the run's meta keeps it (JSON)
     assert Trial.model_validate(stored).status is Status.wrong_result

@@ -74,8 +74,10 @@ def _why_no_gpu() -> str:
 
 
 class Runner:
-    def __init__(self, channel: Channel):
-        self.channel = channel
+    """The candidate's side of one job: the problem, the submission's ModelNew built for a shape on the judge's
+    shared tensors, and its forwards, called as the judge asks (`serve`)."""
+
+    def __init__(self) -> None:
         self.device = torch.device("cpu")
         self.problem_module: ModuleType | None = None
         self.model_new: type[torch.nn.Module] | None = None
@@ -86,30 +88,6 @@ class Runner:
         self.reset_l2: Callable[[], None] = lambda: None
         self.launch_overhead_ms = 0.0
         self.no_gpu_reason = ""
-
-    def serve(self) -> None:
-        while True:
-            envelope, fds = self.channel.receive(RequestEnvelope, timeout_s=None)
-            request = envelope.request
-            reply: Reply
-            if isinstance(request, Start):
-                reply = self.start(request, fds)
-            elif isinstance(request, Load):
-                reply = self.load(request)
-            elif isinstance(request, Prepare):
-                reply = self.prepare(request, fds)
-            elif isinstance(request, Call):
-                reply = self.call(request)
-            else:
-                assert isinstance(request, Finish)
-                reply = Finished()
-            for fd in fds:
-                os.close(fd)
-            self.channel.send(ReplyEnvelope(reply=reply))
-            if isinstance(request, Call) and request.mark:  # after the answer: the judge's clock has stopped
-                observer.mark(request.mark)
-            if isinstance(request, Finish):
-                return
 
     # ---- start and load ---------------------------------------------------------------------------------
 
@@ -294,6 +272,33 @@ class Runner:
         return Called(output_problem=problem, elapsed_ms=elapsed)
 
 
+def serve(runner: Runner, channel: Channel) -> None:
+    """Answer the judge's requests, one at a time, until it says Finish: each handled by the runner, the descriptors
+    that came with it closed, and a timed call's mark left for the operator observer after the answer."""
+    while True:
+        envelope, fds = channel.receive(RequestEnvelope, timeout_s=None)
+        request = envelope.request
+        reply: Reply
+        if isinstance(request, Start):
+            reply = runner.start(request, fds)
+        elif isinstance(request, Load):
+            reply = runner.load(request)
+        elif isinstance(request, Prepare):
+            reply = runner.prepare(request, fds)
+        elif isinstance(request, Call):
+            reply = runner.call(request)
+        else:
+            assert isinstance(request, Finish)
+            reply = Finished()
+        for fd in fds:
+            os.close(fd)
+        channel.send(ReplyEnvelope(reply=reply))
+        if isinstance(request, Call) and request.mark:  # after the answer: the judge's clock has stopped
+            observer.mark(request.mark)
+        if isinstance(request, Finish):
+            return
+
+
 def _copy_out(output: Any, slots: list[torch.Tensor]) -> str | None:
     """Copy the outputs into the judge's slots; why they cannot go there, if they cannot."""
     tensors = [output] if isinstance(output, torch.Tensor) else output
@@ -331,7 +336,7 @@ def _error_text(exc: BaseException) -> str:
 def main(socket_fd: int) -> None:
     channel = Channel(socket.socket(fileno=socket_fd))
     try:
-        Runner(channel).serve()
+        serve(Runner(), channel)
     except ChannelBroken:
         pass
     sys.stdout.flush()

@@ -47,13 +47,13 @@ def has_gpu_devices() -> bool:
 
 WORKER_PACKAGES = ("kernelloop", "kernelloop.tools", "kernelloop.reference_problems")
 """what a sandboxed worker imports of ours: the namespace, the tools (the judge, the runner, the compilation), and
-the shipped problems (one may import another's: causal_conv1d_fp32 re-exports causal_conv1d's model)"""
+the shipped problems (a problem file may import another's, as causal_conv1d_fp32 imports causal_conv1d)"""
 
 
 def package_dirs() -> list[Path]:
     """The folders of the packages a worker imports, where this installation keeps them (each package's `__path__`):
     one folder, `kernelloop/`, in an installed wheel; in an editable install of a checkout, `kernelloop/` and the
-    top-level `tools/`, which the install's import finder maps to `kernelloop.tools`."""
+    top-level folders the install's import finder maps (`tools/` is `kernelloop.tools`, and so on)."""
     return [Path(folder) for name in WORKER_PACKAGES for folder in importlib.import_module(name).__path__]
 
 
