@@ -121,21 +121,32 @@ def run_untimed_phases(path: GpuPath, data_dir: Path) -> tuple[Row, Row, Row]:
 
 def run_pytest(processes: int, work: Path) -> Row:
     """The GPU tests, their output shown as it comes and kept in WORK/pytest_gpu.log (with the slowest tests)."""
-    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-ra", "--durations=15"]
+    # -v: a line as each test ends (-q's dots end a line only every 80 tests, so a run cut short showed nothing)
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-ra", "--tb=short"]
+    argv += ["--durations=15"]
     if processes > 0:
-        # test by test, not file by file: on the H200 one file's three Mamba tests (365 s) held one process while
-        # the others had finished
-        argv += [f"--numprocesses={processes}", "--dist=load"]
+        # test by test, an idle process taking a waiting test from a busy one: on the H200 one file's three Mamba
+        # tests (365 s) held one process while the others had finished
+        argv += [f"--numprocesses={processes}", "--dist=worksteal"]
     started = time.monotonic()
     lines = []
-    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pytest:
+    # each test's wall time as it ends (tests/conftest.py), and the log line by line: both kept when the run is cut
+    env = {**_env(work / "data"), "KERNELLOOP_TEST_CPU_LOG": str(work / "pytest_gpu_times.tsv")}
+    del env["KERNELLOOP_DATA_DIR"]  # each test makes its own
+    with (
+        subprocess.Popen(
+            argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        ) as pytest,
+        open(work / "pytest_gpu.log", "w") as log,
+    ):
         assert pytest.stdout is not None
         for line in pytest.stdout:
             print(line, end="", flush=True)
+            log.write(line)
+            log.flush()
             lines.append(line.rstrip("\n"))
     code = pytest.returncode
     seconds = time.monotonic() - started
-    (work / "pytest_gpu.log").write_text("\n".join(lines))
     summary = next((line for line in reversed(lines) if " in " in line and ("passed" in line or "failed" in line)), "")
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     verdict = "passed" if code == 0 and "passed" in summary and " skipped" not in summary else "failed"
@@ -166,7 +177,11 @@ def run_null_sample(kernelbench: Path | None, work: Path) -> Row:
 
 
 def _env(data_dir: Path) -> dict[str, str]:
-    return {**os.environ, "KERNELLOOP_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"}
+    """Every step's environment: its data folder, and one build cache for all of them (the GPU tests' included),
+    so a kernel the command-line paths and the tests both use is built once."""
+    cache = data_dir.parent / "build-cache"
+    return {**os.environ, "KERNELLOOP_DATA_DIR": str(data_dir), "KERNELLOOP_BUILD_CACHE_DIR": str(cache),
+            "PYTHONUNBUFFERED": "1"}  # fmt: skip
 
 
 def table(rows: list[Row]) -> str:
@@ -179,7 +194,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernelbench", type=Path, help="the folder holding KernelBench's level folders")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernelloop-gpu-check"), help="logs, data, table")
-    parser.add_argument("--pytest-processes", type=int, default=6, help="pytest-xdist processes (0: one process)")
+    parser.add_argument("--pytest-processes", type=int, default=12, help="pytest-xdist processes (0: one process)")
     parser.add_argument("--skip-pytest", action="store_true", help="leave out step 1 (its row says so)")
     args = parser.parse_args()
     import torch

@@ -270,8 +270,9 @@ TEST_ROOT = Path(os.environ["KERNELLOOP_TEST_ROOT"])
 
 def shared_build_cache() -> Path:
     """One build cache for the run's own builds and the services the tests start (test_server_*.py, after
-    test_build_cache.py has built the CPU example into it): a kernel built once is not built again by each."""
-    return TEST_ROOT / "build-cache"
+    test_build_cache.py has built the CPU example into it): a kernel built once is not built again by each. A run
+    started with KERNELLOOP_BUILD_CACHE_DIR set shares that one (scripts/gpu_check.py: with its command-line paths)."""
+    return Path(os.environ.get("KERNELLOOP_BUILD_CACHE_DIR") or TEST_ROOT / "build-cache")
 
 
 # Every service and command the tests start in this process or below builds into the same cache: the agent

@@ -160,13 +160,18 @@ def _run_phase(
         if reused is not None:
             return reused
     if step.backend == "cuda" and step.phase != "compile":
-        # timings and profiles alone on the GPU; checks side by side, and alone once more if the judge ran out of
-        # memory beside another job's
+        # built first, outside the GPU's lease; then timings and profiles alone on the GPU, checks side by side,
+        # and alone once more if the judge ran out of memory beside another job's
+        unbuilt, build_s = _build_outside_the_lease(step, key, settings, pool)
+        if unbuilt is not None:
+            return unbuilt
         run = functools.partial(_call, step, key, settings, on_progress, pool)
         judged = _on_the_gpu(step, settings, run, exclusive=step.phase != "test")
         if isinstance(judged[0], TestResult) and judged[0].judge_out_of_memory:
             judged = _on_the_gpu(step, settings, run, exclusive=True)
         result, call = judged
+        if build_s is not None:
+            result.step_seconds["build_before_gpu_lease"] = build_s
         if call is None:
             return result
     else:
@@ -228,6 +233,29 @@ def _call(
             folder_prefix=step.phase,
         )
         return call_worker(request, settings, pool)
+
+
+def _build_outside_the_lease(
+    step: Step, key: str, settings: SandboxSettings, pool: WorkerPool | None
+) -> tuple[PhaseResult | None, float | None]:
+    """A GPU step's build made by a compile step of its own before the step takes the GPU's lease, when the build
+    cache does not hold it: a build is minutes of the CPUs' work, and under the lease it kept every benchmark and
+    profile of the host waiting (and a benchmark's build, every test). Returns the step's result when the build
+    failed (its compile part says why, as the step's own build would have), else None; and the build's seconds
+    when one ran."""
+    if build_cache.is_published(settings.cache_dir, key):
+        return None, None
+    started = time.monotonic()
+    options = EvalOptions(timeout_s=step.options.timeout_s)
+    compiled = _run_phase(step.model_copy(update={"phase": "compile", "options": options}), settings, None, pool)
+    assert isinstance(compiled, CompileResult)
+    if compiled.status == Status.passed:
+        return None, round(time.monotonic() - started, 3)
+    result = PHASES[step.phase].result_type(
+        kind=step.phase, status=compiled.status, problem=step.problem.name, backend=step.backend,
+        message=compiled.message, compile=compiled, device=compiled.device,
+    )  # fmt: skip
+    return result, round(time.monotonic() - started, 3)
 
 
 def _on_the_gpu(

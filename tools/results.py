@@ -102,7 +102,8 @@ class PhaseResult(BaseModel):
         "runner_start (the candidate's runner up, beyond the judge's own start), calibrate, load (build, import "
         "and construction), checks (of which checks.expected: the judge's reference, inputs and float64 truth; "
         "checks.share: the buffers shared with the candidate; checks.calls: its two calls; checks.compare: the "
-        "verdicts), timing",
+        "verdicts), timing; on a GPU also build_before_gpu_lease (the build, made before the step took the GPU) "
+        "and gpu_lease_wait (the wait while other jobs of the host held the GPU)",
     )
 
     @property

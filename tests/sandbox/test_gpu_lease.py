@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from kernelloop.tools.api import build_key, run_tests
+from kernelloop.tools.compilation import build_cache
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.results import Status
 from kernelloop.tools.sandbox import stop
 from kernelloop.tools.sandbox.gpu_lease import GpuBusy, gpu_ids, gpu_lease
 
@@ -134,3 +138,47 @@ def test_gpus_are_named_as_the_host_knows_them():
     assert gpu_ids("GPU-a,GPU-b") == ["GPU-a", "GPU-b"]
     assert gpu_ids("MIG-c") == ["MIG-c"]
     assert len(gpu_ids("0")) == 1
+
+
+# A submission whose build is its import: each test's comment makes its code, and so its build cache key, new.
+PLAIN_TORCH = """
+import torch, torch.nn as nn, torch.nn.functional as F
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=True):
+        super().__init__()
+        self.pad = (kernel_size - 1) * dilation
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, bias=bias)
+    def forward(self, x):
+        return self.conv(F.pad(x, (self.pad, 0)))
+"""
+
+
+def test_a_gpu_step_builds_before_it_waits_for_the_gpu(tmp_path, gpu, workspace):
+    """A build is the CPUs' work: a test's build is made, and kept in the build cache, while another job holds the
+    GPU, so a benchmark elsewhere on the host never waits out minutes of compiling (on the H200 every profile
+    waited 44-68 s for the tests' builds)."""
+    settings = workspace.settings.model_copy(update={"worker_gpus": gpu, "gpu_lease_dir": tmp_path})
+    code = PLAIN_TORCH + f"# {uuid.uuid4()}\n"
+    holder = _holder(gpu, tmp_path, 120)
+    try:
+        result = run_tests("causal_conv1d", code, "cuda", EvalOptions(shapes=["small"], timeout_s=2), settings)
+    finally:
+        holder.kill()
+    assert result.status == Status.sandbox_error and f"GPU {gpu} stayed busy" in result.message, result.message
+    assert build_cache.is_published(settings.cache_dir, build_key(code, "cuda", settings))
+    assert result.step_seconds["build_before_gpu_lease"] > 0, result.step_seconds
+
+
+def test_a_build_that_fails_is_reported_without_waiting_for_the_gpu(tmp_path, gpu, workspace):
+    settings = workspace.settings.model_copy(update={"worker_gpus": gpu, "gpu_lease_dir": tmp_path})
+    code = PLAIN_TORCH.replace("def forward(self, x):", "def forward(self, x)") + f"# {uuid.uuid4()}\n"
+    holder = _holder(gpu, tmp_path, 120)
+    started = time.monotonic()
+    try:
+        result = run_tests("causal_conv1d", code, "cuda", EvalOptions(shapes=["small"]), settings)
+    finally:
+        holder.kill()
+    assert time.monotonic() - started < 60  # the lease's holder had another 100 s to go
+    assert result.status == Status.compile_error, (result.status, result.message)
+    assert result.compile is not None and result.compile.status == Status.compile_error
+    assert result.message.startswith("line 8:"), result.message  # the line of the forward without its colon
