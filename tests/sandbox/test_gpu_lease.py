@@ -91,6 +91,25 @@ def test_a_waiting_benchmark_goes_before_tests_that_come_after_it(tmp_path, gpu)
     assert held_at >= 1.5, "a test that came later went before the waiting benchmark"
 
 
+def test_benchmarks_that_wait_together_run_one_after_another_before_a_later_test(tmp_path, gpu):
+    """Two benchmarks queued behind a running test both go before a test that came after them: the second does not
+    wait out that test as well (on a busy GPU each would otherwise wait out a fresh round of tests)."""
+    running_test = _holder(gpu, tmp_path, 1.5, "shared")
+    benchmarks = [_holder(gpu, tmp_path, 1.0, "exclusive", wait=False) for _ in range(2)]
+    time.sleep(0.5)  # both benchmarks wait for the running test now
+    try:
+        started = time.monotonic()
+        with gpu_lease(gpu, tmp_path, 30, exclusive=False):
+            held_at = time.monotonic() - started
+            for benchmark in benchmarks:
+                assert benchmark.stdout is not None and benchmark.stdout.readline().strip() == "held"
+                assert benchmark.stdout.readline().strip() == "released"
+    finally:
+        for process in (running_test, *benchmarks):
+            process.kill()
+    assert held_at >= 2.5, "a test that came later went before a waiting benchmark"
+
+
 def test_jobs_on_different_gpus_do_not_wait_for_each_other(tmp_path, gpu):
     holder = _holder(gpu, tmp_path, 30)
     try:

@@ -6,10 +6,14 @@ check fits only where no other job holds the device's memory. One service runs o
 services may share a host: the command line's embedded services, test processes side by side, a second service.
 So every step that runs on a GPU (a test, a benchmark, a profile; a compile runs on the CPUs) first takes the
 GPU's lease, a lock on a file named for the GPU's UUID in one folder of the host: a benchmark or a profile alone
-(exclusive: each reports times), tests side by side (shared: they time nothing). A benchmark or profile that
-waits goes first: it holds the GPU's turnstile, which a test passes through before it shares the lease, so a
-stream of tests cannot keep it waiting. The kernel drops a lock when its
-holder exits, however it exits, so no lease outlives its process.
+(exclusive: each reports times), tests side by side (shared: they time nothing).
+
+Benchmarks and profiles go first. Each one, from the moment it asks until it ends, holds the GPU's queue (shared
+among them); a test starts only while the queue is empty. So a stream of tests cannot keep a benchmark waiting,
+and benchmarks that queue while the GPU's tests drain run one after another: when each let tests in again as
+soon as it held the GPU, the next one waited out those tests in turn (on the H200's GPU check, some thirty
+benchmarks and profiles each waited out minutes-long memory checks). The price: tests wait while benchmarks keep
+coming. The kernel drops a lock when its holder exits, however it exits, so no lease outlives its process.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import functools
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -44,24 +48,34 @@ def gpu_lease(visible: str | None, lease_dir: Path | None, wait_s: float, *, exc
     deadline = _Deadline(time.monotonic(), wait_s, folder)
     with ExitStack() as held:
         for gpu in sorted(set(gpu_ids(visible))):  # one order everywhere: two jobs never hold one each
-            turnstile = held.enter_context(open(_lease_file(folder, gpu, "turnstile"), "a"))
-            lease = held.enter_context(open(_lease_file(folder, gpu, "lease"), "a"))
-            deadline.wait_for(turnstile.fileno(), fcntl.LOCK_EX, gpu)
-            if exclusive:  # holding the turnstile, so no new test starts while this one waits
-                deadline.wait_for(lease.fileno(), fcntl.LOCK_EX, gpu)
-            fcntl.flock(turnstile.fileno(), fcntl.LOCK_UN)
-            if not exclusive:
-                deadline.wait_for(lease.fileno(), fcntl.LOCK_SH, gpu)
+            queue = held.enter_context(open(_lease_file(folder, gpu, "queue"), "a")).fileno()
+            lease = held.enter_context(open(_lease_file(folder, gpu, "lease"), "a")).fileno()
+            if exclusive:  # in the queue until the step ends
+                deadline.wait_until(functools.partial(_try_lock, queue, fcntl.LOCK_SH), gpu)
+                deadline.wait_until(functools.partial(_try_lock, lease, fcntl.LOCK_EX), gpu)
+            else:
+                deadline.wait_until(functools.partial(_share_while_nothing_is_queued, queue, lease), gpu)
         yield time.monotonic() - deadline.started
+
+
+def _share_while_nothing_is_queued(queue: int, lease: int) -> bool:
+    """Share the lease if no benchmark or profile is queued: the queue held alone for the moment of asking, so none
+    joins it between the look and the lease."""
+    if not _try_lock(queue, fcntl.LOCK_EX):
+        return False
+    try:
+        return _try_lock(lease, fcntl.LOCK_SH)
+    finally:
+        fcntl.flock(queue, fcntl.LOCK_UN)
 
 
 class _Deadline:
     def __init__(self, started: float, wait_s: float, folder: Path):
         self.started, self.wait_s, self.folder = started, wait_s, folder
 
-    def wait_for(self, fd: int, how: int, gpu: str) -> None:
-        """Take the lock `how` on `fd`, polling until the deadline or the step's stop."""
-        while not _try_lock(fd, how):
+    def wait_until(self, taken: Callable[[], bool], gpu: str) -> None:
+        """Call `taken` (a try at a lock) until it answers True, polling until the deadline or the step's stop."""
+        while not taken():
             waited = time.monotonic() - self.started
             if stop.stopped():
                 raise GpuBusy(f"the step was stopped while it waited {waited:.0f} s for GPU {gpu}")
