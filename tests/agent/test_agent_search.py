@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import QUIET_SERVICE_ENV, REPO, run_kernelloop
+from conftest import QUIET_SERVICE_ENV, REPO, run_kernelloop, shared_build_cache
 from sqlmodel import Session
 
 from kernelloop.agent.models import AgentRunConfig, RunSummary
@@ -95,6 +95,8 @@ def test_search_on_the_gpu_from_the_naive_baseline(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNELLOOP_", "OPENAI_", "ANTHROPIC_"))}
     env.update(QUIET_SERVICE_ENV)
     env.update(KERNELLOOP_DATA_DIR=str(data_dir), KERNELLOOP_PROBLEMS_DIR=str(tmp_path / "problems"))
+    # the run's build cache: the templates the other GPU tests built are not built again (minutes of the H200's CPUs)
+    env.update(KERNELLOOP_BUILD_CACHE_DIR=str(shared_build_cache()))
     done = run_kernelloop(
         "agent",
         "run",
