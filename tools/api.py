@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import cast
 
@@ -44,6 +45,8 @@ from kernelloop.tools.settings import SandboxSettings, get_sandbox_settings
 
 Progress = Callable[[PhaseResult], None]
 """Called with the result-so-far each time the worker reports a step (the service streams these)."""
+Admission = Callable[[], AbstractContextManager[None]]
+"""What a job is handed to its started worker under, and held until the worker ends: the GPU's lease."""
 WORKER_MODULE = "kernelloop.tools.judge.worker"
 
 
@@ -189,10 +192,16 @@ def _run_phase(
 
 
 def _call(
-    step: Step, key: str, settings: SandboxSettings, on_progress: Progress | None, pool: WorkerPool | None
+    step: Step,
+    key: str,
+    settings: SandboxSettings,
+    on_progress: Progress | None,
+    pool: WorkerPool | None,
+    admission: Admission | None = None,
 ) -> WorkerCall[WorkerReply]:
     """The step in a sandboxed worker, its build restored from the cache under `key` and published there
-    afterwards (when it was built here and fits the job's disk limit)."""
+    afterwards (when it was built here and fits the job's disk limit); the job handed to the started worker under
+    `admission` (the GPU's lease)."""
     read_only = [Path(step.problem.path).parent]  # a registered problem's folder (a shipped one is in the package)
     restored: list[bool] = []
 
@@ -231,6 +240,7 @@ def _call(
             on_reply=on_reply,
             on_finish=on_finish,
             folder_prefix=step.phase,
+            admission=admission,
         )
         return call_worker(request, settings, pool)
 
@@ -259,19 +269,28 @@ def _build_outside_the_lease(
 
 
 def _on_the_gpu(
-    step: Step, settings: SandboxSettings, run: Callable[[], WorkerCall[WorkerReply]], *, exclusive: bool
+    step: Step, settings: SandboxSettings, run: Callable[[Admission], WorkerCall[WorkerReply]], *, exclusive: bool
 ) -> tuple[PhaseResult, WorkerCall[WorkerReply] | None]:
-    """The step run (`run`) under its GPU's lease (`kernelloop.tools.sandbox.gpu_lease`), and its call; no call
-    when the GPU stayed busy past the step's time limit."""
-    lease = gpu_lease(settings.worker_gpus, settings.gpu_lease_dir, _timeout_s(step, settings), exclusive=exclusive)
+    """The step run (`run`) with its job handed to the worker under its GPU's lease
+    (`kernelloop.tools.sandbox.gpu_lease`), and its call; no call when the GPU stayed busy past the step's time
+    limit. The worker starts before the lease (an interpreter and torch, seconds of the CPUs' work and none of the
+    GPU's), so the lease covers the job alone."""
+    waited: list[float] = []
+
+    @contextmanager
+    def lease() -> Iterator[None]:
+        wait_s = _timeout_s(step, settings)
+        with gpu_lease(settings.worker_gpus, settings.gpu_lease_dir, wait_s, exclusive=exclusive) as seconds:
+            waited.append(seconds)
+            yield
+
     try:
-        with lease as waited:
-            call = run()
+        call = run(lease)
     except GpuBusy as exc:
         return _harness_failure(step, str(exc)), None
     result = _verdict(step, call, settings)
-    if waited >= 0.01:
-        result.step_seconds["gpu_lease_wait"] = round(waited, 3)
+    if waited and waited[0] >= 0.01:
+        result.step_seconds["gpu_lease_wait"] = round(waited[0], 3)
     return result, call
 
 

@@ -23,24 +23,29 @@ from kernelloop.tools.sandbox import stop
 from kernelloop.tools.sandbox.gpu_lease import GpuBusy, gpu_ids, gpu_lease
 
 HOLDER = """
-import sys, time
+import select, sys, time
 from pathlib import Path
 from kernelloop.tools.sandbox.gpu_lease import gpu_lease
+print("ready", flush=True)
 with gpu_lease(sys.argv[1], Path(sys.argv[2]), 30, exclusive=sys.argv[4] == "exclusive"):
-    print("held", flush=True)
-    time.sleep(float(sys.argv[3]))
+    print("held", time.monotonic(), flush=True)
+    select.select([sys.stdin], [], [], float(sys.argv[3]))  # until the time is up or the test says so
 print("released", flush=True)
 """
 
 
 def _holder(gpu: str, folder: Path, hold_s: float, how: str = "exclusive", wait: bool = True) -> subprocess.Popen[str]:
-    """Another process of the host holding `gpu`'s lease (`how`: exclusive or shared) for `hold_s`; returns once it
-    holds it (with `wait`)."""
+    """Another process of the host holding `gpu`'s lease (`how`: exclusive or shared) for `hold_s`, or until a line
+    on its stdin; returns once it has started (a loaded machine takes seconds) and, with `wait`, holds the lease."""
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, gpu, str(folder), str(hold_s), how], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER, gpu, str(folder), str(hold_s), how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
     if wait:
-        assert process.stdout is not None and process.stdout.readline().strip() == "held"
+        _held_at(process)
     return process
 
 
@@ -74,40 +79,51 @@ def test_tests_share_a_gpu_and_a_benchmark_waits_for_them(tmp_path, gpu):
     assert held_at >= 1.0, "a benchmark was given the GPU while a test ran on it"
 
 
+def _held_at(holder: subprocess.Popen[str]) -> float:
+    """When the holder took the lease (its clock is this one: CLOCK_MONOTONIC is the host's)."""
+    assert holder.stdout is not None
+    word, at = holder.stdout.readline().split()
+    assert word == "held"
+    return float(at)
+
+
+def _release(holder: subprocess.Popen[str]) -> None:
+    assert holder.stdin is not None
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
+
+
 def test_a_waiting_benchmark_goes_before_tests_that_come_after_it(tmp_path, gpu):
     """Tests one after another, each overlapping the last, would otherwise keep a benchmark waiting for ever."""
-    running_test = _holder(gpu, tmp_path, 1.5, "shared")
+    running_test = _holder(gpu, tmp_path, 60, "shared")
     benchmark = _holder(gpu, tmp_path, 1.0, "exclusive", wait=False)
     time.sleep(0.5)  # the benchmark is waiting for the running test now
     try:
-        started = time.monotonic()
+        threading.Timer(0.5, _release, [running_test]).start()
         with gpu_lease(gpu, tmp_path, 30, exclusive=False):
-            assert benchmark.stdout is not None and benchmark.stdout.readline().strip() == "held"
-            assert benchmark.stdout.readline().strip() == "released"
-            held_at = time.monotonic() - started
+            test_held_at = time.monotonic()
+        benchmark_held_at = _held_at(benchmark)
     finally:
         running_test.kill()
         benchmark.kill()
-    assert held_at >= 1.5, "a test that came later went before the waiting benchmark"
+    assert test_held_at >= benchmark_held_at + 0.9, "a test that came later went before the waiting benchmark"
 
 
 def test_benchmarks_that_wait_together_run_one_after_another_before_a_later_test(tmp_path, gpu):
     """Two benchmarks queued behind a running test both go before a test that came after them: the second does not
     wait out that test as well (on a busy GPU each would otherwise wait out a fresh round of tests)."""
-    running_test = _holder(gpu, tmp_path, 1.5, "shared")
+    running_test = _holder(gpu, tmp_path, 60, "shared")
     benchmarks = [_holder(gpu, tmp_path, 1.0, "exclusive", wait=False) for _ in range(2)]
     time.sleep(0.5)  # both benchmarks wait for the running test now
     try:
-        started = time.monotonic()
+        _release(running_test)  # the first benchmark takes the GPU, and a test comes
         with gpu_lease(gpu, tmp_path, 30, exclusive=False):
-            held_at = time.monotonic() - started
-            for benchmark in benchmarks:
-                assert benchmark.stdout is not None and benchmark.stdout.readline().strip() == "held"
-                assert benchmark.stdout.readline().strip() == "released"
+            test_held_at = time.monotonic()
+        benchmarks_held_at = [_held_at(b) for b in benchmarks]
     finally:
         for process in (running_test, *benchmarks):
             process.kill()
-    assert held_at >= 2.5, "a test that came later went before a waiting benchmark"
+    assert test_held_at >= max(benchmarks_held_at) + 0.9, "a test that came later went before a waiting benchmark"
 
 
 def test_jobs_on_different_gpus_do_not_wait_for_each_other(tmp_path, gpu):
@@ -172,20 +188,53 @@ class ModelNew(nn.Module):
 """
 
 
-def test_a_gpu_step_builds_before_it_waits_for_the_gpu(tmp_path, gpu, workspace):
-    """A build is the CPUs' work: a test's build is made, and kept in the build cache, while another job holds the
-    GPU, so a benchmark elsewhere on the host never waits out minutes of compiling (on the H200 every profile
-    waited 44-68 s for the tests' builds)."""
+def test_a_gpu_steps_build_is_made_while_another_job_holds_the_gpu(tmp_path, gpu, workspace):
+    """A build is the CPUs' work: it is made and kept in the build cache while another job holds the GPU (on the
+    H200 every profile waited 44-68 s for other tests' builds, made under the lease). The lease's holder lets go
+    once the build is in the cache, or after two minutes, which fails the test."""
     settings = workspace.settings.model_copy(update={"worker_gpus": gpu, "gpu_lease_dir": tmp_path})
     code = PLAIN_TORCH + f"# {uuid.uuid4()}\n"
+    key = build_key(code, "cuda", settings)
     holder = _holder(gpu, tmp_path, 120)
+    built_while_held: list[bool] = []
+
+    def release_once_built() -> None:
+        deadline = time.monotonic() + 110
+        while time.monotonic() < deadline and not built_while_held:
+            if build_cache.is_published(settings.cache_dir, key):
+                built_while_held.append(True)
+            time.sleep(0.05)
+        assert holder.stdin is not None
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+
+    releaser = threading.Thread(target=release_once_built)
+    releaser.start()
     try:
-        result = run_tests("causal_conv1d", code, "cuda", EvalOptions(shapes=["small"], timeout_s=2), settings)
+        result = run_tests("causal_conv1d", code, "cuda", EvalOptions(shapes=["small"]), settings)
+    finally:
+        releaser.join()
+        holder.kill()
+    assert built_while_held, "the build waited for the GPU"
+    assert result.step_seconds["build_before_gpu_lease"] > 0, result.step_seconds
+
+
+def test_a_gpu_steps_worker_starts_while_it_waits_for_the_gpu(tmp_path, gpu, workspace):
+    """The worker's start-up (an interpreter and torch: seconds of the CPUs, none of the GPU's) comes before the
+    lease, which covers the job alone: each step holds the GPU seconds less."""
+    settings = workspace.settings.model_copy(update={"worker_gpus": gpu, "gpu_lease_dir": tmp_path})
+    code = PLAIN_TORCH + f"# {uuid.uuid4()}\n"
+    run_tests("causal_conv1d", code, "cuda", EvalOptions(shapes=["small"]), settings)  # built: no compile step
+    holder = _holder(gpu, tmp_path, 20)
+    try:
+        result = run_tests("causal_conv1d", code, "cuda", EvalOptions(shapes=["small"]), settings)
     finally:
         holder.kill()
-    assert result.status == Status.sandbox_error and f"GPU {gpu} stayed busy" in result.message, result.message
-    assert build_cache.is_published(settings.cache_dir, build_key(code, "cuda", settings))
-    assert result.step_seconds["build_before_gpu_lease"] > 0, result.step_seconds
+    seconds = result.step_seconds
+    assert seconds["gpu_lease_wait"] > 10 and "build_before_gpu_lease" not in seconds, seconds
+    # the job reached a worker that had started meanwhile: 0.001 s here, against 1.2 s of start-up when the worker
+    # started under the lease
+    assert seconds["worker_start"] < 0.5, seconds
 
 
 def test_a_build_that_fails_is_reported_without_waiting_for_the_gpu(tmp_path, gpu, workspace):

@@ -11,6 +11,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -72,6 +73,9 @@ class WorkerRequest(Generic[Reply]):
     on_reply: Callable[[Reply], None] | None = None
     on_finish: Callable[[JobFolder, int], None] | None = None
     folder_prefix: str = "job"
+    admission: Callable[[], AbstractContextManager[None]] | None = None
+    """entered once the worker has started, before its job is made and handed over, and held until the worker
+    ends (the GPU's lease: a worker's start-up uses no device); what it raises ends the call, the worker discarded"""
 
 
 def call_worker(
@@ -116,13 +120,16 @@ def call_worker(
             worker = spare.worker
         else:
             worker = _start(module, settings, path, read_only, launch.cpu_limit(timeout_s))
-        try:
-            job = request.make_job(folder).model_dump_json().encode()
-        except BaseException:
-            worker.discard()  # it waits for a job that will not come
-            raise
-        with stop.killable(worker.proc):  # a cancelled step's worker is killed at once
-            report = worker.run(job, timeout_s, on_message)
+        with ExitStack() as admitted:
+            try:
+                if request.admission is not None:
+                    admitted.enter_context(request.admission())
+                job = request.make_job(folder).model_dump_json().encode()
+            except BaseException:
+                worker.discard()  # it waits for a job that will not come
+                raise
+            with stop.killable(worker.proc):  # a cancelled step's worker is killed at once
+                report = worker.run(job, timeout_s, on_message)
         report.prestarted = spare is not None
         disk_bytes = folder_bytes(path)
         if request.on_finish is not None:
