@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +126,11 @@ class RunLoop:
         status, reason = "finished", ""
         tasks = [asyncio.create_task(self._guarded(t), name=f"trajectory-{t}") for t in range(self.config.parallel)]
         self._tasks = tasks
-        beat = asyncio.create_task(self._heartbeat(), name="heartbeat") if self.heartbeat_s else None
-        with self._ctrl_c_stops(tasks):
+        beat = None
+        if self.heartbeat_s:
+            alive = _keep_run_alive(self.client, self.run_id, self.heartbeat_s, self.progress, lambda: self.interrupted)
+            beat = asyncio.create_task(alive, name="heartbeat")
+        with _ctrl_c_cancels(tasks, self._interrupt):
             try:
                 # a trajectory cancelled by a failing one is no error
                 await asyncio.gather(*tasks, return_exceptions=True)
@@ -149,42 +152,8 @@ class RunLoop:
                 reason = self._end_reason()
         return await self._finish(status, reason)
 
-    @contextlib.contextmanager
-    def _ctrl_c_stops(self, tasks: list[asyncio.Task[None]]) -> Iterator[None]:
-        """Ctrl-C cancels the trajectories and sets a flag they check between steps, so the run stops even
-        when a cancellation lands where a library swallows it (e.g. inside a shielded connection close)."""
-
-        def interrupt() -> None:
-            self.interrupted = True
-            for task in tasks:
-                task.cancel()
-
-        loop = asyncio.get_running_loop()
-        previous = signal.getsignal(signal.SIGINT)
-        try:
-            loop.add_signal_handler(signal.SIGINT, interrupt)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
-            yield
-            return
-        try:
-            yield
-        finally:
-            loop.remove_signal_handler(signal.SIGINT)
-            signal.signal(signal.SIGINT, previous)
-
-    async def _heartbeat(self) -> None:
-        """Every heartbeat_s, tell the service the run's client is alive; a run it marked interrupted meanwhile (no
-        word for its KERNELLOOP_RUN_TIMEOUT_S: this machine slept, the network was down) is reopened."""
-        assert self.heartbeat_s is not None
-        while True:
-            await asyncio.sleep(self.heartbeat_s)
-            run = await self.client.update_run(self.run_id, RunUpdate())
-            if isinstance(run, ServiceFailure) or run.status != RunStatus.interrupted or self.interrupted:
-                continue
-            self.progress.note(f"the service marked run {self.run_id} interrupted ({run.notes}): reopening it")
-            await self.client.update_run(
-                self.run_id, RunUpdate(status=RunStatus.active, notes=f"reopened by its agent after: {run.notes}")
-            )
+    def _interrupt(self) -> None:
+        self.interrupted = True
 
     # --------------------------------------------------------------------------------- trajectory
     async def _guarded(self, trajectory: int) -> None:
@@ -313,3 +282,44 @@ class RunLoop:
         self.best_path.parent.mkdir(parents=True, exist_ok=True)
         self.best_path.write_text(code)
         return str(self.best_path)
+
+
+@contextlib.contextmanager
+def _ctrl_c_cancels(tasks: list[asyncio.Task[None]], interrupted: Callable[[], None]) -> Iterator[None]:
+    """Ctrl-C cancels the trajectories and calls `interrupted` (the loop sets a flag they check between steps), so
+    the run stops even when a cancellation lands where a library swallows it (inside a shielded close, say)."""
+
+    def interrupt() -> None:
+        interrupted()
+        for task in tasks:
+            task.cancel()
+
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupt)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGINT, previous)
+
+
+async def _keep_run_alive(
+    client: ServiceClient, run_id: int, heartbeat_s: float, progress: Progress, interrupted: Callable[[], bool]
+) -> None:
+    """Every heartbeat_s, tell the service the run's client is alive; a run it marked interrupted meanwhile (no
+    word for its KERNELLOOP_RUN_TIMEOUT_S: this machine slept, the network was down) is reopened, unless the user
+    interrupted it here."""
+    while True:
+        await asyncio.sleep(heartbeat_s)
+        run = await client.update_run(run_id, RunUpdate())
+        if isinstance(run, ServiceFailure) or run.status != RunStatus.interrupted or interrupted():
+            continue
+        progress.note(f"the service marked run {run_id} interrupted ({run.notes}): reopening it")
+        await client.update_run(
+            run_id, RunUpdate(status=RunStatus.active, notes=f"reopened by its agent after: {run.notes}")
+        )
