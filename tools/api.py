@@ -263,7 +263,7 @@ def _build_outside_the_lease(
         return None, round(time.monotonic() - started, 3)
     result = PHASES[step.phase].result_type(
         kind=step.phase, status=compiled.status, problem=step.problem.name, backend=step.backend,
-        message=compiled.message, compile=compiled, device=compiled.device,
+        message=compiled.message, compile=compiled, device=compiled.device, sandbox=compiled.sandbox,
     )  # fmt: skip
     return result, round(time.monotonic() - started, 3)
 

@@ -249,4 +249,5 @@ def test_a_build_that_fails_is_reported_without_waiting_for_the_gpu(tmp_path, gp
     assert time.monotonic() - started < 60  # the lease's holder had another 100 s to go
     assert result.status == Status.compile_error, (result.status, result.message)
     assert result.compile is not None and result.compile.status == Status.compile_error
+    assert result.sandbox is not None  # the compile worker's report: how the build ran
     assert result.message.startswith("line 8:"), result.message  # the line of the forward without its colon
