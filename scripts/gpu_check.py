@@ -2,16 +2,17 @@
 
     python scripts/gpu_check.py [--kernelbench DIR] [--work DIR] [--pytest-processes N] [--skip-pytest]
 
-1. `pytest -m gpu`: the GPU tests (N processes, a test each at a time; the GPU lease keeps their benchmarks apart).
+1. `pytest -m gpu`: the GPU tests (N processes, a test each at a time, work-stealing).
 2. Through the command line (`kernelloop compile|test|bench|profile FILE --backend cuda --json`), four paths:
    a CUDA template (tf32_wgmma on causal_conv1d), a Triton kernel (example_triton.py on causal_conv1d), a
    KernelBench level-1 file with a Triton solution (DIR/level1/30_Softsign.py, else a file of the same form from
-   the tests) and the Mamba template (cuda_vectorized on mamba_causal_conv1d). Each path's compile, test and
-   profile run side by side with the other paths' and with the GPU tests (builds are the CPUs' work, correctness
-   is no timing, and a profile replays each kernel alone; the seconds include waiting for cores); the benches
-   come after, one at a time, so no timing shares the GPU.
+   the tests) and the Mamba template (cuda_vectorized on mamba_causal_conv1d), each path's phases in turn.
 3. A null-suite sample: the first problem of each KernelBench level judged with its own reference as the kernel
    (scripts/null_suite.py), where DIR is given (else the row says it was not run).
+
+All three run at once, as several users' jobs do: the GPU's lease, one for the host, gives every benchmark and
+profile the GPU alone (the tests' and the paths' alike), so no timing shares it, while builds and checks share
+the CPUs. A row's seconds include its waits for cores and for the GPU.
 
 A line is printed as each step ends; the table (path, phase, verdict, seconds) comes last and is written to
 WORK/gpu_check.json. Exit status 0 when every row passed, 1 when any failed or was not run.
@@ -113,10 +114,9 @@ def _detail(result: dict) -> str:
     return ""
 
 
-def run_untimed_phases(path: GpuPath, data_dir: Path) -> tuple[Row, Row, Row]:
-    """Compile, test and profile of one path: none of them is a timing another job's load could skew (a profile
-    replays each kernel alone), so they run beside the GPU tests; a failed compile leaves the rest to report it."""
-    return run_phase(path, "compile", data_dir), run_phase(path, "test", data_dir), run_phase(path, "profile", data_dir)
+def run_path(path: GpuPath, data_dir: Path) -> list[Row]:
+    """Compile, test, bench and profile of one path, one after another, as a user runs them."""
+    return [run_phase(path, phase, data_dir) for phase in PHASES]
 
 
 def run_pytest(processes: int, work: Path) -> Row:
@@ -194,7 +194,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernelbench", type=Path, help="the folder holding KernelBench's level folders")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernelloop-gpu-check"), help="logs, data, table")
-    parser.add_argument("--pytest-processes", type=int, default=12, help="pytest-xdist processes (0: one process)")
+    parser.add_argument("--pytest-processes", type=int, default=16, help="pytest-xdist processes (0: one process)")
     parser.add_argument("--skip-pytest", action="store_true", help="leave out step 1 (its row says so)")
     args = parser.parse_args()
     import torch
@@ -210,14 +210,13 @@ def main() -> int:
     print(f"gpu-check on {torch.cuda.get_device_name()}: work folder {args.work}", flush=True)
     data_dir = args.work / "data"
     chosen = paths(args.kernelbench)
-    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:  # builds and checks take the CPUs beside the tests
-        untimed = pool.map(lambda p: run_untimed_phases(p, data_dir), chosen)
+    with ThreadPoolExecutor(max_workers=len(chosen) + 1) as pool:
+        path_rows = pool.map(lambda p: run_path(p, data_dir), chosen)
+        null_sample = pool.submit(run_null_sample, args.kernelbench, args.work)
         skipped = Row("pytest -m gpu", "tests", "not run", 0.0, "--skip-pytest")
         rows = [skipped if args.skip_pytest else run_pytest(args.pytest_processes, args.work)]
-        untimed_rows = list(untimed)
-    for path, (compile_row, test_row, profile_row) in zip(chosen, untimed_rows):  # timings one at a time
-        rows += [compile_row, test_row, run_phase(path, "bench", data_dir), profile_row]
-    rows.append(run_null_sample(args.kernelbench, args.work))
+        rows += [row for one_path in path_rows for row in one_path]
+        rows.append(null_sample.result())
     wall_s = time.monotonic() - started
     print(table(rows))
     failed = [r for r in rows if not r.passed]

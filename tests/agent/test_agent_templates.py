@@ -63,21 +63,42 @@ def test_mamba_cuda_templates_build_for_every_element_type(session_root: Path) -
             assert result.status == Status.passed, (template.name, params, result.message, result.log[-3000:])
 
 
+def _gpu_points() -> list[tuple[str, dict[str, int]]]:
+    """Each CUDA template at its defaults and at one point per vector width, the last in the space's order: the
+    halo read (VEC 1) or taken by a shuffle (8, 16)."""
+    points: list[tuple[str, dict[str, int]]] = []
+    for template in discover_templates(PROBLEM, "cuda"):
+        widths = {p["VEC"]: p for p in template.all_params() if p.get("VEC") in (1, 8, 16)}
+        for params in [template.default_params, *widths.values()]:
+            if (template.name, params) not in points:
+                points.append((template.name, params))
+    return points
+
+
+GPU_POINTS = _gpu_points()
+
+
+def test_the_gpu_points_cover_every_template_and_both_halo_reads() -> None:
+    assert {name for name, _ in GPU_POINTS} >= {"cuda_naive", "cuda_vectorized"}
+    for template in discover_templates(PROBLEM, "cuda"):
+        if "HALO" in template.default_params:
+            assert {p["HALO"] for name, p in GPU_POINTS if name == template.name} == {0, 1}, template.name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", [None, "bf16", "fp16"])
-def test_mamba_cuda_templates_pass_every_correctness_shape(session_root: Path, precision: str | None) -> None:
+@pytest.mark.parametrize(
+    ("name", "params"), GPU_POINTS, ids=[f"{n}-" + "-".join(f"{k}{v}" for k, v in p.items()) for n, p in GPU_POINTS]
+)
+def test_mamba_cuda_templates_pass_every_correctness_shape(
+    session_root: Path, precision: str | None, name: str, params: dict[str, int]
+) -> None:
+    """One test a point (on the H200 all points of a precision in one test took 385 s, the GPU check's longest)."""
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU is visible: this test runs on the H200")
-    templates = discover_templates(PROBLEM, "cuda")
-    assert {t.name for t in templates} >= {"cuda_naive", "cuda_vectorized"}
-    for template in templates:
-        # one point per width, the last in the space's order: the halo read (VEC 1) or taken by a shuffle (8, 16)
-        widths = {p["VEC"]: p for p in template.all_params() if p.get("VEC") in (1, 8, 16)}
-        points = [template.default_params, *widths.values()]
-        assert "HALO" not in template.default_params or {p["HALO"] for p in points} == {0, 1}
-        for params in points:
-            options = EvalOptions(precision=precision)
-            result = api.run_tests(PROBLEM, template.render(params), "cuda", options, settings=_settings(session_root))
-            assert result.status == Status.passed, (template.name, params, precision, result.message)
+    template = next(t for t in discover_templates(PROBLEM, "cuda") if t.name == name)
+    options = EvalOptions(precision=precision)
+    result = api.run_tests(PROBLEM, template.render(params), "cuda", options, settings=_settings(session_root))
+    assert result.status == Status.passed, (name, params, precision, result.message)

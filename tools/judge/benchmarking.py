@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -50,7 +50,7 @@ from kernelloop.tools.results import BenchmarkResult, CompileResult, ShapeBenchm
 from kernelloop.tools.runner import candidate
 from kernelloop.tools.runner.messages import Call, Called
 
-CALIBRATION_CALLS = 12
+CALIBRATION_ROUNDS = 12
 # How much shorter than the judge's envelope (less its calibrated overhead) a runner's reported median may be
 # before the timing is `suspicious`. Honest kernels on the H200 left -0.11 to 0.30 ms a call unaccounted for (the
 # judge's GPU work between the candidate's calls, which the calibration on the reference sees only in part), so
@@ -193,20 +193,23 @@ def _shape_setup(session: Session, shape: ShapeSpec) -> _ShapeSetup:
 
 
 def _calibrate(session: Session, shape: ShapeSpec) -> float:
-    """The envelope's fixed cost for this shape: the judge's wall time around a timed call, less the time
-    the runner reports, measured on the reference in the runner before any candidate code was imported."""
-    clock = timing.Clock(session.device)
-    setup = _shape_setup(session, shape)
-    shared = share(session.device, setup.reference, setup.input_sets, setup.outputs, n_slots=len(setup.input_sets))
-    prepare(session, "reference", shape, setup.model_seed, shared)
-    gaps = []
-    for i in range(CALIBRATION_CALLS):
-        clock.clear()
-        called = session.link.ask(Call(input_set=i % 2, slot=i % 2, timed=True), Called, 120)
-        if called.error or called.elapsed_ms is None:
-            raise Fail(Status.sandbox_error, f"the reference failed in the runner: {called.error}")
-        gaps.append(session.link.last_envelope_ms - called.elapsed_ms)
-    return statistics.median(gaps[2:])
+    """The envelope's fixed cost for this shape: the judge's wall time around a timed call, less the time the
+    runner reports, measured on the reference in the runner before any candidate code was imported, in rounds
+    exactly like the candidate's (a fresh draw, the judge's own reference timed with the runner stopped, the
+    runner's call, its outputs checked). Calibrated on calls made back to back instead, honest kernels on the
+    H200 left 0.1 to 0.5 ms a call unaccounted for on a quiet machine and up to 0.7 ms under the GPU check's load:
+    the rounds' own work between calls costs the next call's envelope."""
+    rounds = _ShapeTiming(session, timing.Clock(session.device), shape, 0.0, runner_model="reference")
+    plan = timing.SamplingPlan(
+        n_sets=len(rounds.private_sets),
+        budget_s=session.step.options.time_budget_s,
+        min_samples=CALIBRATION_ROUNDS,
+        max_samples=CALIBRATION_ROUNDS,
+    )
+    rounds.measure(plan)
+    kept = slice(plan.warmup_rounds, None)
+    tally = rounds.tally
+    return statistics.median(e - r for e, r in zip(tally.envelope[kept], tally.reported[kept]))
 
 
 @dataclass
@@ -225,16 +228,24 @@ class _ShapeTiming:
     are checked against, and the tally of reported times and envelopes. Setting it up shares the buffers and
     prepares the candidate in the runner."""
 
-    def __init__(self, session: Session, clock: timing.Clock, shape: ShapeSpec, overhead_ms: float):
+    def __init__(
+        self,
+        session: Session,
+        clock: timing.Clock,
+        shape: ShapeSpec,
+        overhead_ms: float,
+        runner_model: Literal["candidate", "reference"] = "candidate",
+    ):
         self.session, self.clock, self.overhead_ms = session, clock, overhead_ms
+        self.runner_model = runner_model
         setup = _shape_setup(session, shape)
         self.reference, self.private_sets, self.redraws = setup.reference, setup.input_sets, setup.redraws
         n_sets = len(self.private_sets)
         self.shared = share(session.device, self.reference, self.private_sets, setup.outputs, n_slots=n_sets)
-        prepare(session, "candidate", shape, setup.model_seed, self.shared)
+        prepare(session, runner_model, shape, setup.model_seed, self.shared)
         self.model_seed = setup.model_seed
         self.trusted: dict[str, torch.nn.Module | Callable[..., Any]] = {"reference": self.reference}
-        if session.step.options.compare_torch_compile:
+        if session.step.options.compare_torch_compile and runner_model == "candidate":
             self.trusted["compiled_reference"] = torch.compile(self.reference)
         self.expected: dict[int, list[torch.Tensor]] = {}
         """the reference's outputs on each input set, from this round's trusted call"""
@@ -243,19 +254,12 @@ class _ShapeTiming:
         self.reference_s = 1.0
         """the reference's last time, which scales the candidate's call deadline"""
 
-    def measure(self) -> dict[str, list[float]]:
-        """Samples of every subject: the trusted ones, timed here, then the candidate, timed by its runner."""
+    def measure(self, plan: timing.SamplingPlan) -> dict[str, list[float]]:
+        """Samples of every subject: the trusted ones, timed here, then the runner's model, timed by its runner."""
         subjects: dict[str, Callable[[int], float]] = {
             name: functools.partial(self.time_trusted, name) for name in self.trusted
         }
         subjects["candidate"] = self.time_candidate
-        options = self.session.step.options
-        plan = timing.SamplingPlan(
-            n_sets=len(self.private_sets),
-            budget_s=options.time_budget_s,
-            min_samples=options.min_samples,
-            max_samples=options.max_samples,
-        )
         return timing.measure(subjects, plan, before_round=self.redraw, after_round=self.check_round)
 
     def redraw(self, set_index: int) -> None:
@@ -289,7 +293,11 @@ class _ShapeTiming:
 
     def time_candidate(self, set_index: int) -> float:
         self.clock.clear()
-        called = self.session.ask_call(Call(input_set=set_index, slot=set_index, timed=True), self.reference_s)
+        request = Call(input_set=set_index, slot=set_index, timed=True)
+        if self.runner_model == "reference":  # before the candidate's import: no observer, no mark
+            called = self.session.link.ask(request, Called, 120)
+        else:
+            called = self.session.ask_call(request, self.reference_s)
         envelope_ms = self.session.link.last_envelope_ms
         answered(called, "a timed forward")
         if called.elapsed_ms is None or not math.isfinite(called.elapsed_ms) or called.elapsed_ms < 0:
@@ -324,8 +332,15 @@ def _benchmark_one(
     result: BenchmarkResult,
 ) -> ShapeBenchmark:
     timed = _ShapeTiming(session, clock, shape, overhead_ms)
+    options = session.step.options
+    plan = timing.SamplingPlan(
+        n_sets=len(timed.private_sets),
+        budget_s=options.time_budget_s,
+        min_samples=options.min_samples,
+        max_samples=options.max_samples,
+    )
     with stopwatch(result, "timing"):
-        samples = timed.measure()
+        samples = timed.measure(plan)
     forbidden = session.forbidden()
     if forbidden:
         raise Fail(Status.forbidden_op, forbidden_message(forbidden))
