@@ -194,7 +194,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernelbench", type=Path, help="the folder holding KernelBench's level folders")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernelloop-gpu-check"), help="logs, data, table")
-    parser.add_argument("--pytest-processes", type=int, default=16, help="pytest-xdist processes (0: one process)")
+    parser.add_argument("--pytest-processes", type=int, default=12, help="pytest-xdist processes (0: one process)")
     parser.add_argument("--skip-pytest", action="store_true", help="leave out step 1 (its row says so)")
     args = parser.parse_args()
     import torch
