@@ -88,7 +88,9 @@ def test_search_improves_on_its_baseline_within_a_ci_budget(session_root: Path) 
 
 @pytest.mark.gpu
 def test_search_on_the_gpu_from_the_naive_baseline(tmp_path: Path) -> None:
-    """The README's main command on the H200: every attempt recorded, the answer faster than the seed's kernel."""
+    """The README's main command on the H200: every attempt recorded, the answer faster than the seed's kernel.
+    Without the memory check, which every shipped template passes in its own test: with it, each correct attempt
+    held the GPU's lease a minute more, and this test was the GPU check's longest (351 s)."""
     if shutil.which("nvidia-smi") is None or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode != 0:
         pytest.skip("no NVIDIA GPU is visible: this test runs on the H200")
     data_dir = tmp_path / "data"
@@ -106,6 +108,7 @@ def test_search_on_the_gpu_from_the_naive_baseline(tmp_path: Path) -> None:
         "cuda",
         "--iterations",
         "3",
+        "--no-memory-check",
         "--json",
         cwd=REPO,
         env=env,

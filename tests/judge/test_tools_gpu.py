@@ -30,6 +30,11 @@ GPU_NAME = "kernelloop_test_gpu_kernels"
 GPU_FUNCTIONS = [
     "conv_correct", "conv_off_by_one", "conv_illegal_address", "conv_hang", "conv_side_stream", "conv_unwritten",
 ]  # fmt: skip
+# The memory check has tests of its own (tests/exploits/test_gpu_memory_check.py); in a job that tests something
+# else it held the GPU's lease a minute or more (a runner started under compute-sanitizer for each tool), and every
+# benchmark of the GPU check waited for it
+NO_MEMORY_CHECK = EvalOptions(memory_check=False)
+ONE_GPU_CHECK = ONE_CHECK.model_copy(update={"memory_check": False})
 SIDE_STREAM_SHAPE = "b16_c64_o64_k3_d4_l32768"  # the naive kernel takes ~5 ms here: quick to time
 # cuDNN TF32 (PyTorch's default) on the H200, measured apart from kernelloop: median, 256 MB L2 flush
 H200_CUDNN_ANCHORS_MS = {
@@ -76,7 +81,7 @@ def cuda_correctness_shapes() -> list[str]:
 
 
 def test_seed_kernel_passes_every_cuda_shape(workspace):
-    result = api.run_tests(PROBLEM, CUDA_EXAMPLE, "cuda", settings=workspace.settings)
+    result = api.run_tests(PROBLEM, CUDA_EXAMPLE, "cuda", NO_MEMORY_CHECK, workspace.settings)
 
     assert result.status == Status.passed, result.message
     seeds = EvalOptions().seeds
@@ -87,7 +92,7 @@ def test_seed_kernel_passes_every_cuda_shape(workspace):
 
 def test_off_by_one_cuda_kernel_is_wrong_result(workspace, gpu_kernels):
     result = api.run_tests(
-        PROBLEM, gpu_candidate(gpu_kernels, "conv_off_by_one"), "cuda", ONE_CHECK, workspace.settings
+        PROBLEM, gpu_candidate(gpu_kernels, "conv_off_by_one"), "cuda", ONE_GPU_CHECK, workspace.settings
     )
 
     assert result.status == Status.wrong_result, result.message
@@ -99,31 +104,37 @@ def test_off_by_one_cuda_kernel_is_wrong_result(workspace, gpu_kernels):
 
 def test_illegal_address_is_runtime_error_and_the_next_job_passes(workspace, gpu_kernels):
     result = api.run_tests(
-        PROBLEM, gpu_candidate(gpu_kernels, "conv_illegal_address"), "cuda", ONE_CHECK, workspace.settings
+        PROBLEM, gpu_candidate(gpu_kernels, "conv_illegal_address"), "cuda", ONE_GPU_CHECK, workspace.settings
     )
 
     assert result.status == Status.runtime_error
     text = (result.message + result.sandbox.stderr).lower()
     assert "illegal" in text and "small" in result.message, result.message
 
-    after = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_correct"), "cuda", ONE_CHECK, workspace.settings)
+    after = api.run_tests(
+        PROBLEM, gpu_candidate(gpu_kernels, "conv_correct"), "cuda", ONE_GPU_CHECK, workspace.settings
+    )
     assert after.status == Status.passed, after.message
 
 
 def test_a_cuda_kernel_that_never_returns_ends_by_the_call_deadline_and_the_gpu_is_free_after(workspace, gpu_kernels):
     # the default phase limit is 900 s; the judge's deadline for a first call is 25 s
-    result = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_hang"), "cuda", ONE_CHECK, workspace.settings)
+    result = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_hang"), "cuda", ONE_GPU_CHECK, workspace.settings)
 
     assert result.status == Status.timeout, result.message
     assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 45, result.sandbox
     assert "no answer within 25 s" in result.message and "shape small" in result.message, result.message
 
-    after = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_correct"), "cuda", ONE_CHECK, workspace.settings)
+    after = api.run_tests(
+        PROBLEM, gpu_candidate(gpu_kernels, "conv_correct"), "cuda", ONE_GPU_CHECK, workspace.settings
+    )
     assert after.status == Status.passed, after.message
 
 
 def test_unwritten_torch_empty_output_fails(workspace, gpu_kernels):
-    result = api.run_tests(PROBLEM, gpu_candidate(gpu_kernels, "conv_unwritten"), "cuda", ONE_CHECK, workspace.settings)
+    result = api.run_tests(
+        PROBLEM, gpu_candidate(gpu_kernels, "conv_unwritten"), "cuda", ONE_GPU_CHECK, workspace.settings
+    )
 
     assert result.status in (Status.nan_or_inf, Status.wrong_result), result.message
 
