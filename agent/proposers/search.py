@@ -12,6 +12,9 @@
    one per trajectory at a time so builds overlap the device work; a neighbour faster by more than the
    noise margin becomes the incumbent. When no neighbour is left, random unseen points; when none is
    left at all, the search is done.
+5. Compose: where different kernels won different benchmark shapes, one kernel that runs each shape on its
+   winner (`kernelloop.agent.dispatch`), evaluated in the iteration budget's last steps, or when nothing
+   else is left; it competes as any candidate, and a new set of winners is composed again.
 
 The size of the first rung follows the iteration budget, so a CI-sized run (a handful of builds) still
 goes baseline -> explore -> halve -> climb. Every candidate is a Proposal; the trials, per-shape
@@ -25,7 +28,7 @@ from typing import Any
 
 from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ShapeWinner
 from kernelloop.agent.proposers.base import LoopView
-from kernelloop.agent.proposers.search_plan import BASELINE_KEY, PlannedCandidate, SearchPlan, SearchState
+from kernelloop.agent.proposers.search_plan import PlannedCandidate, SearchPlan, SearchState, shape_winners
 from kernelloop.agent.templates import (
     BaselineKernel,
     KernelTemplate,
@@ -34,7 +37,7 @@ from kernelloop.agent.templates import (
     for_precision,
 )
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.results import Status
+from kernelloop.tools.problems import ProblemError, ShapeSpec, load_problem
 
 
 class SearchProposer:
@@ -46,7 +49,9 @@ class SearchProposer:
         templates: list[KernelTemplate] | None = None,
         baseline: BaselineKernel | None = None,
         state: dict[str, Any] | None = None,
+        shapes: list[ShapeSpec] | None = None,
     ):
+        """`shapes`: the problem's benchmark shapes (by default read from the problem, where it is a local one)."""
         self.config = config
         self.template_errors: list[str] = []
         self.templates = (
@@ -60,7 +65,8 @@ class SearchProposer:
             baseline if baseline is not None else baseline_kernel(config.problem, config.chosen_backend, self.templates)
         )
         self.search_state = SearchState.model_validate(state) if state else SearchState()
-        self.plan = SearchPlan(config, self.templates, self.baseline, self.search_state)
+        shapes = shapes if shapes is not None else _benchmark_shapes(config)
+        self.plan = SearchPlan(config, self.templates, self.baseline, self.search_state, shapes)
         # a resumed run re-queues what was in flight when it stopped
         self.search_state.queue = self.search_state.in_flight + self.search_state.queue
         self.search_state.in_flight = []
@@ -127,30 +133,21 @@ class SearchProposer:
         return None
 
     def best_per_shape(self) -> dict[str, ShapeWinner]:
-        """Per benchmark shape: the fastest passed trial (template and parameters) and its speedup there."""
-        best: dict[str, ShapeWinner] = {}
-        for trial in self.search_state.trials.values():
-            if trial.status != Status.passed:
-                continue
-            for shape, speedup in trial.shape_speedups.items():
-                if shape not in best or speedup > best[shape].speedup:
-                    best[shape] = ShapeWinner(
-                        label=trial.label,
-                        template=trial.template,
-                        params=trial.params,
-                        attempt_id=trial.attempt_id,
-                        speedup=speedup,
-                    )
-        return best
+        """Per benchmark shape: the fastest passed kernel there (template and parameters) and its speedup."""
+        return {
+            shape: ShapeWinner(
+                label=trial.label,
+                template=trial.template,
+                params=trial.params,
+                attempt_id=trial.attempt_id,
+                speedup=trial.shape_speedups[shape],
+            )
+            for shape, trial in shape_winners(self.search_state.trials).items()
+        }
 
     def _proposal(self, planned: PlannedCandidate) -> Proposal:
         trial = self.search_state.trials[planned.key]
-        if planned.key == BASELINE_KEY:
-            assert self.baseline is not None
-            code = self.baseline.code
-        else:
-            assert trial.template is not None and trial.params is not None
-            code = self.plan.by_name[trial.template].render(trial.params)
+        code = self.plan.code(trial)
         if planned.tool == "benchmark":  # a re-timing: the same code, so the same attempt
             parent_id, label = trial.attempt_id, f"re-time {trial.label}"
         else:
@@ -165,3 +162,12 @@ class SearchProposer:
             parent_attempt_id=parent_id,
             options=EvalOptions(time_budget_s=planned.time_budget_s, min_samples=5),
         )
+
+
+def _benchmark_shapes(config: AgentRunConfig) -> list[ShapeSpec]:
+    """The problem's benchmark shapes on the run's backend; none where the problem is not a local one (a composed
+    kernel routes by them, so without them the search composes nothing)."""
+    try:
+        return load_problem(config.problem).benchmark_shapes(config.chosen_backend)
+    except ProblemError:
+        return []

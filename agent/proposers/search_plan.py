@@ -4,15 +4,18 @@ that is kept with the run for resume."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from kernelloop.agent import dispatch
 from kernelloop.agent.models import AgentRunConfig, Outcome, StepStatus
 from kernelloop.agent.templates import BaselineKernel, KernelTemplate, Params, params_key
 from kernelloop.tools.phase_registry import ToolName
+from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import BenchmarkResult, Status
 
 ETA = 2  # successive halving: keep 1/ETA, time ETA x longer
@@ -31,6 +34,9 @@ class Trial(BaseModel):
     status: StepStatus | Literal["pending"] = "pending"
     measurements: list[tuple[float, float]] = Field([], description="(benchmark seconds per shape, geomean speedup)")
     shape_speedups: dict[str, float] = {}
+    composed_of: dict[str, str] = Field(
+        {}, description="a composed kernel's: each benchmark shape's winner (a trial's key); empty for a template's"
+    )
 
     @property
     def score(self) -> float | None:
@@ -91,10 +97,13 @@ class SearchPlan:
         templates: list[KernelTemplate],
         baseline: BaselineKernel | None,
         state: SearchState,
+        shapes: list[ShapeSpec] | None = None,
     ) -> None:
+        """`shapes`: the problem's benchmark shapes, which a composed kernel routes by (none: nothing composed)."""
         self.config, self.baseline, self.state = config, baseline, state
         self.by_name = {t.name: t for t in templates}
         self.searchable = [t for t in templates if not t.baseline]
+        self.shapes = {shape.name: shape for shape in shapes or []}
 
     def observe(self, trial: Trial, planned: PlannedCandidate | None, outcome: Outcome) -> None:
         trial.record(planned, outcome)
@@ -155,8 +164,51 @@ class SearchPlan:
             passed = self._ranked(list(state.trials))
             state.incumbent = passed[0] if passed else None
         if state.phase == "climb":
-            return self._plan_climb()
+            left = self._left()
+            if left is not None and left <= max(1, self.config.parallel) and self._plan_composed():
+                return True  # the budget's last steps: the winners of the shapes as one kernel, before it ends
+            return self._plan_climb() or self._plan_composed()
         return False
+
+    def _plan_composed(self) -> bool:
+        """Queue the kernel that runs each benchmark shape on the point that was fastest there
+        (`kernelloop.agent.dispatch`), where the shapes' winners are several and were not composed before."""
+        winners = {
+            shape: trial.key for shape, trial in shape_winners(self.state.trials).items() if shape in self.shapes
+        }
+        if len(set(winners.values())) < 2:
+            return False
+        key = "composed:" + json.dumps(winners, sort_keys=True)
+        if key in self.state.trials:
+            return False
+        parts = "; ".join(f"{shape} <- {self.state.trials[k].label}" for shape, k in winners.items())
+        self.state.trials[key] = Trial(key=key, label=f"composed: {parts}", composed_of=winners)
+        self._enqueue(
+            key,
+            "evaluate",
+            self._budget(max(self.state.rung, 1)),
+            f"search: one kernel that runs each benchmark shape on the point that was fastest there ({parts})",
+            parent_key=self.state.incumbent,
+        )
+        return True
+
+    def code(self, trial: Trial) -> str:
+        """A trial's candidate file: its template at its point, or the composition of the shapes' winners (the
+        rest of the shapes on the incumbent, else the best template point)."""
+        if trial.composed_of:
+            winners = [
+                (self.shapes[shape], self.code(self.state.trials[key])) for shape, key in trial.composed_of.items()
+            ]
+            ranked = [k for k in self._ranked(list(self.state.trials)) if not self.state.trials[k].composed_of]
+            fallback = (
+                self.state.trials[ranked[0]] if ranked else self.state.trials[next(iter(trial.composed_of.values()))]
+            )
+            return dispatch.compose(winners, self.code(fallback))
+        if trial.key == BASELINE_KEY:
+            assert self.baseline is not None
+            return self.baseline.code
+        assert trial.template is not None and trial.params is not None
+        return self.by_name[trial.template].render(trial.params)
 
     def _plan_climb(self) -> bool:
         """Queue the incumbent's untried neighbours, as many as there are trajectories, so their builds overlap
@@ -224,11 +276,17 @@ class SearchPlan:
         return chosen
 
     def _population_size(self) -> int:
-        if self.config.iterations is None:
+        left = self._left()
+        if left is None:
             return 8
-        left = self.config.iterations - self.state.proposals - len(self.state.queue)
         # rung 0 of n, re-timings of ~n/2 + n/4 + ..., and the rest for climbing: about a third each
         return max(2, min(8, left // 3))
+
+    def _left(self) -> int | None:
+        """The proposals the iteration budget has left after those queued; None without a budget."""
+        if self.config.iterations is None:
+            return None
+        return self.config.iterations - self.state.proposals - len(self.state.queue)
 
     def _unseen_points(self) -> list[tuple[KernelTemplate, Params]]:
         """Every valid point not tried yet, in a seeded random order (a fresh order per call keeps it stable)."""
@@ -261,6 +319,18 @@ class SearchPlan:
     def done_reason(self) -> str:
         tried = sum(1 for t in self.state.trials.values() if t.status != "pending")
         return f"the search tried every candidate it could reach ({tried} kernels)"
+
+
+def shape_winners(trials: dict[str, Trial]) -> dict[str, Trial]:
+    """Per benchmark shape, the passed kernel fastest there, of those the search did not compose."""
+    best: dict[str, Trial] = {}
+    for trial in trials.values():
+        if trial.status != Status.passed or trial.composed_of:
+            continue
+        for shape, speedup in trial.shape_speedups.items():
+            if shape not in best or speedup > best[shape].shape_speedups[shape]:
+                best[shape] = trial
+    return best
 
 
 def _neighbours(template: KernelTemplate, params: Params) -> list[tuple[str, Any, Any, Params]]:

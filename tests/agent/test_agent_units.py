@@ -3,15 +3,19 @@ conversation, and both model clients against the scripted server (real HTTP: ret
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import io
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 
 from kernelloop.agent.conversation import Conversation
+from kernelloop.agent.dispatch import route_of
 from kernelloop.agent.llm.anthropic_messages import AnthropicMessagesClient, to_anthropic_messages
 from kernelloop.agent.llm.factory import is_private_url, resolve_llm_config
 from kernelloop.agent.llm.openai_chat import OpenAIChatClient
@@ -21,10 +25,19 @@ from kernelloop.agent.progress import Progress
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.proposers.replay import TranscriptError, parse_transcript
 from kernelloop.agent.proposers.search import SearchProposer
+from kernelloop.agent.proposers.search_plan import Trial
 from kernelloop.agent.run_record import RunRecord
 from kernelloop.agent.settings import AgentSettings
-from kernelloop.agent.templates import KernelTemplate, TemplateError, discover_templates, load_template, render_params
+from kernelloop.agent.templates import (
+    KernelTemplate,
+    TemplateError,
+    discover_templates,
+    load_template,
+    params_key,
+    render_params,
+)
 from kernelloop.contract import JobPublic
+from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import BenchmarkResult, ShapeBenchmark, Status, TestResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,20 +155,15 @@ def _shape_speeds(params: dict | None) -> dict[str, float]:
     return {"long": 1.0 + params["A"], "wide": 1.0 + 2 * params["B"] - 0.1 * params["A"]}
 
 
-def test_parallel_search_climbs_several_neighbours_at_once_and_keeps_each_shapes_winner(tmp_path: Path) -> None:
-    """Three trajectories: the climb keeps up to three neighbours in flight (their builds overlap), still
-    ends on the best point, and the winner of each benchmark shape is kept with its template and parameters."""
-    from kernelloop.agent.templates import BaselineKernel
-
-    template = _template(tmp_path)
-    config = AgentRunConfig(problem="toy", backend="cpu", proposer="search", iterations=20, seed=5, parallel=3)
-    search = SearchProposer(config, templates=[template], baseline=BaselineKernel(name="naive", code="# naive"))
+def _run_search(search: SearchProposer, config: AgentRunConfig, speeds_of: Any) -> int:
+    """Drive the search's trajectories on measured results (`speeds_of(trial)`: each benchmark shape's speedup),
+    answered out of order; returns the most candidates the climb had in flight at once."""
     view = LoopView(run_id=1, step=1)
     steps, widest_climb = 0, 0
 
     async def trajectory(t: int) -> None:
         nonlocal steps, widest_climb
-        while steps < config.iterations:
+        while steps < config.iterations:  # type: ignore[operator]
             proposal = await search.propose(t, view)
             if isinstance(proposal, ProposerDone):
                 return
@@ -164,9 +172,8 @@ def test_parallel_search_climbs_several_neighbours_at_once_and_keeps_each_shapes
             if search.search_state.phase == "climb":
                 widest_climb = max(widest_climb, len(search.search_state.in_flight))
             await asyncio.sleep(0.001 * (step % 3))  # results come back out of order
-            trial = search.search_state.trials[proposal.key]  # type: ignore[index]
-            speeds = _shape_speeds(trial.params)
-            geomean = (speeds["long"] * speeds["wide"]) ** 0.5
+            speeds = speeds_of(search.search_state.trials[proposal.key])  # type: ignore[index]
+            geomean = math.prod(speeds.values()) ** (1 / len(speeds))
             shapes = [ShapeBenchmark(shape=name, status=Status.passed, speedup=v) for name, v in speeds.items()]
             await search.observe(
                 t,
@@ -187,6 +194,20 @@ def test_parallel_search_climbs_several_neighbours_at_once_and_keeps_each_shapes
         await asyncio.gather(*(trajectory(t) for t in range(config.parallel)))
 
     asyncio.run(drive())
+    return widest_climb
+
+
+def test_parallel_search_climbs_several_neighbours_at_once_and_keeps_each_shapes_winner(tmp_path: Path) -> None:
+    """Three trajectories: the climb keeps up to three neighbours in flight (their builds overlap), still
+    ends on the best point, and the winner of each benchmark shape is kept with its template and parameters."""
+    from kernelloop.agent.templates import BaselineKernel
+
+    template = _template(tmp_path)
+    config = AgentRunConfig(problem="toy", backend="cpu", proposer="search", iterations=20, seed=5, parallel=3)
+    search = SearchProposer(config, templates=[template], baseline=BaselineKernel(name="naive", code="# naive"))
+
+    widest_climb = _run_search(search, config, lambda trial: _shape_speeds(trial.params))
+
     state = search.search_state
     assert widest_climb >= 2, "the climb ran one neighbour at a time"
     assert state.trials[state.incumbent].params == {"A": 4, "B": 3}  # type: ignore[index]
@@ -195,6 +216,47 @@ def test_parallel_search_climbs_several_neighbours_at_once_and_keeps_each_shapes
     assert winners["wide"].params is not None and winners["wide"].params["B"] == 3
     assert winners["wide"].template == "cpu_toy" and winners["wide"].attempt_id is not None
     assert winners["long"].speedup == pytest.approx(5.0)
+
+
+def test_the_search_ends_on_one_kernel_that_runs_each_shape_on_its_winner(tmp_path: Path) -> None:
+    """Where different points win different shapes, the budget's last step is the kernel composed of the winners:
+    its code routes each shape to its winner's source, it beats every single point, and the shapes' winners stay
+    the points measured (a composed kernel wins no shape of its own)."""
+    from kernelloop.agent.templates import BaselineKernel
+
+    template = _template(tmp_path)
+    config = AgentRunConfig(problem="toy", backend="cpu", proposer="search", iterations=20, seed=5, parallel=3)
+    shapes = [ShapeSpec(name=n, init_inputs=[i], input_shapes=[[1, 8 * i]]) for i, n in ((1, "long"), (2, "wide"))]
+    search = SearchProposer(
+        config, templates=[template], baseline=BaselineKernel(name="naive", code="# naive"), shapes=shapes
+    )
+    trials = search.search_state.trials
+
+    def point_speeds(params: dict | None) -> dict[str, float]:  # the shapes' best points are far apart
+        if params is None:
+            return {"long": 0.1, "wide": 0.1}
+        return {"long": 1.0 + params["A"] + 3 - params["B"], "wide": 1.0 + 2 * params["B"] + 4 - params["A"]}
+
+    def speeds_of(trial: Trial) -> dict[str, float]:  # a composed kernel runs each shape at its winner's speed
+        if trial.composed_of:
+            return {shape: point_speeds(trials[key].params)[shape] for shape, key in trial.composed_of.items()}
+        return point_speeds(trial.params)
+
+    _run_search(search, config, speeds_of)
+
+    composed = [t for t in trials.values() if t.composed_of]
+    assert len(composed) == 1 and composed[0].status == "passed", [t.label for t in composed]
+    winners = search.best_per_shape()
+    assert (winners["long"].params, winners["wide"].params) == ({"A": 4, "B": 1}, {"A": 1, "B": 3})
+    assert composed[0].composed_of == {s: params_key("cpu_toy", winners[s].params or {}) for s in ("long", "wide")}
+    assert search.search_state.incumbent == composed[0].key  # faster than any one point
+    code = ast.parse(search.plan.code(composed[0]))
+    literal = {n.targets[0].id: n.value for n in code.body if isinstance(n, ast.Assign) and len(n.targets) == 1}
+    sources, routes = ast.literal_eval(literal["VARIANT_SOURCES"]), ast.literal_eval(literal["ROUTES"])
+    for spec in shapes:
+        winner = trials[composed[0].composed_of[spec.name]]
+        assert sources[routes[route_of(spec)]] == template.render(winner.params or {}), spec.name
+    assert all(w.template == "cpu_toy" for w in winners.values())
 
 
 def test_parallel_search_builds_its_first_explores_beside_the_baseline(tmp_path: Path) -> None:
@@ -569,7 +631,6 @@ def test_a_run_in_a_half_precision_sends_it_with_every_job_and_tells_the_model()
 def test_a_run_in_a_half_precision_searches_only_the_templates_that_take_it(tmp_path: Path) -> None:
     """The mamba templates list bf16 and are searched in it; the dense conv's cpu templates take fp32 only, so a
     bf16 search of that problem is refused before it starts, saying why and what to do."""
-    from kernelloop.agent.proposers.search import SearchProposer
 
     def config(problem: str, precision: str | None) -> AgentRunConfig:
         return AgentRunConfig(problem=problem, backend="cpu", proposer="search", precision=precision)

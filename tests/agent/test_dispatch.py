@@ -1,0 +1,89 @@
+"""A composed kernel (`kernelloop.agent.dispatch`): each shape runs on the variant that won it, every other call on
+the fallback, all on one set of weights; and the judge takes the composed file as any submission."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+from kernelloop.agent.dispatch import compose
+from kernelloop.reference_problems.causal_conv1d.problem import Model
+from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
+from kernelloop.tools.problems import load_problem
+from kernelloop.tools.results import Status
+from kernelloop.tools.runner.candidate import copy_parameters
+from kernelloop.tools.settings import SandboxSettings
+
+PROBLEM = "causal_conv1d"
+# a causal conv1d in plain PyTorch (taps as shifted matrix products, no convolution operator), marked by MARK
+VARIANT = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MARK = "{mark}"
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
+        super().__init__()
+        self.kernel_size, self.dilation = kernel_size, dilation
+        self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size))
+        self.bias = nn.Parameter(torch.randn(out_channels)) if bias else None
+
+    def forward(self, x):
+        length = x.shape[-1]
+        padded = F.pad(x, ((self.kernel_size - 1) * self.dilation, 0))
+        taps = [padded[:, :, k * self.dilation : k * self.dilation + length] for k in range(self.kernel_size)]
+        y = sum(torch.einsum("oc,bct->bot", self.weight[:, :, k], tap) for k, tap in enumerate(taps))
+        return y + self.bias[None, :, None] if self.bias is not None else y
+"""
+
+
+def _composed_module(source: str, tmp_path: Path) -> types.ModuleType:
+    path = tmp_path / "composed.py"
+    path.write_text(source)
+    module = types.ModuleType("composed_under_test")
+    sys.modules[module.__name__] = module
+    exec(compile(source, str(path), "exec"), module.__dict__)
+    return module
+
+
+def _mark(model: torch.nn.Module, index: int) -> str:
+    return sys.modules[type(model.variants[index]).__module__].MARK
+
+
+def test_each_shape_runs_on_its_winner_and_any_other_on_the_fallback_with_one_set_of_weights(tmp_path: Path) -> None:
+    problem = load_problem(PROBLEM)
+    small, bias = problem.shape("small"), problem.shape("bias")
+    source = compose([(small, VARIANT.format(mark="small's")), (bias, VARIANT.format(mark="bias'"))],
+                     fallback=VARIANT.format(mark="the best overall"))  # fmt: skip
+    composed = _composed_module(source, tmp_path)
+
+    for shape, mark in ((small, "small's"), (bias, "bias'"), (problem.shape("odd"), "the best overall")):
+        torch.manual_seed(1)
+        reference = Model(*shape.init_inputs)
+        model = composed.ModelNew(*shape.init_inputs)
+        copied = copy_parameters(reference, model)
+        x = torch.randn(*shape.input_shapes[0])
+
+        assert _mark(model, model.route(x)) == mark, shape.name
+        assert len(list(model.parameters())) == len(list(reference.parameters())), copied
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-4)
+        other = (model.route(x) + 1) % len(model.variants)  # the same weights in every variant
+        torch.testing.assert_close(model.variants[other](x), reference(x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_judge_takes_a_composed_kernel_as_any_submission(session_root: Path) -> None:
+    problem = load_problem(PROBLEM)
+    source = compose([(problem.shape("small"), VARIANT.format(mark="a"))], fallback=VARIANT.format(mark="b"))
+    settings = SandboxSettings(data_dir=session_root / "dispatch-data")
+
+    result = api.run_tests(PROBLEM, source, "cpu", EvalOptions(seeds=1), settings=settings)
+
+    assert result.status == Status.passed, result.message
+    assert {"small", "bias", "odd"} <= {c.shape for c in result.checks}
