@@ -52,6 +52,21 @@ def row_or_unknown(session: Session, table: type[Row], row_id: int, *, field: st
     return row
 
 
+def within_size_limit(text: str, field: str, limit: int, error: str, smaller: str) -> None:
+    """A body field over its size limit is refused (413); the fix names the setting, whose variable is
+    KERNELLOOP_ and the error's noun: KERNELLOOP_MAX_CODE_BYTES for code_too_large."""
+    size = len(text.encode())
+    if size > limit:
+        variable = f"KERNELLOOP_MAX_{error.removesuffix('_too_large').upper()}_BYTES"
+        raise ApiError(
+            413,
+            error,
+            f"{field.removeprefix('body.')} is {size} bytes, over the limit of {limit}",
+            field=field,
+            fix=f"send a smaller {smaller} ({variable} sets the limit)",
+        )
+
+
 def error_response(status_code: int, body: ErrorBody, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(status_code=status_code, content=body.model_dump(mode="json"), headers=headers)
 

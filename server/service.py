@@ -1,4 +1,5 @@
-"""The service's state and its operations: submit a job, wait for it, register a problem.
+"""The service's state and its operations: submit a job, wait for it, cancel it (a problem's registration is
+`kernelloop.server.problem_registration`'s, the sweep of silent runs `kernelloop.server.run_sweeper`'s).
 
 Routes stay thin: they parse, call one of these, and shape the answer. Everything a client can get
 wrong is checked here and raised as an ApiError naming the field and the fix.
@@ -8,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from datetime import timedelta
 from typing import get_args
 
 from sqlalchemy import Engine
@@ -21,30 +20,25 @@ from kernelloop.contract import (
     TERMINAL_JOB_STATUSES,
     JobPublic,
     JobStatus,
-    ProblemCreate,
-    ProblemDetail,
     SubmissionRequest,
-    utcnow,
 )
-from kernelloop.server.devices import gpu_inventory
-from kernelloop.server.errors import ApiError, row_or_unknown
+from kernelloop.server.errors import ApiError, row_or_unknown, within_size_limit
 from kernelloop.server.events import EventHub
 from kernelloop.server.executor import Executor
 from kernelloop.server.limits import RateLimiter
-from kernelloop.server.problem_check import ProblemRejected, ProblemTooLarge, check_problem
+from kernelloop.server.problem_registration import ProblemRegistrar
 from kernelloop.server.redaction import Redactor, service_secrets
-from kernelloop.server.scheduler import LanesStopped, Scheduler
+from kernelloop.server.run_sweeper import SilentRunSweeper
+from kernelloop.server.scheduler import Scheduler
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import cancel, history, idempotency, problems, queue
 from kernelloop.storage.models import Attempt, Job, Problem, Run
 from kernelloop.tools.jobs import PHASES_OF_OPTION, EvalOptions, inapplicable_options
 from kernelloop.tools.phase_registry import PHASES, JobPhase, steps_of
-from kernelloop.tools.problems import ProblemSpec, ShapeSelectionError, check_shape_names, memory_problem
+from kernelloop.tools.problems import ProblemSpec, ShapeSelectionError, check_shape_names
 from kernelloop.tools.results import Backend
 
 log = logging.getLogger("kernelloop.server")
-REGISTERED_MEANWHILE = "a problem named {name!r} was registered meanwhile"
-SEE_OR_RENAME = "GET /v1/problems/{name} to see it, or choose another name"
 CANCEL_WAIT_S = 5.0
 """how long a cancel waits for a running job's stopped step to end the job, so its answer shows `cancelled`"""
 
@@ -61,6 +55,8 @@ def unknown_problem(name: str, known: list[str], field: str) -> ApiError:
 
 
 class Service:
+    """What the routes and the MCP tools call: one per process, started and stopped with the app."""
+
     def __init__(self, settings: ServiceSettings, engine: Engine, executor: Executor):
         self.settings, self.engine, self.executor = settings, engine, executor
         self.hub = EventHub()
@@ -71,10 +67,10 @@ class Service:
         )
         self.limiter = RateLimiter(settings.rate_limit_per_minute)
         self.started = time.monotonic()
-        self._registering = threading.Lock()
-        self._stopping = threading.Event()
-        self._sweeper: threading.Thread | None = None
-        self.memory_limits = self.check_memory_limits()
+        self.registrar = ProblemRegistrar(settings, engine, self.scheduler)
+        self._sweeper = (
+            SilentRunSweeper(engine, settings.run_timeout_s, self.started) if settings.run_timeout_s > 0 else None
+        )
 
     # ------------------------------------------------------------------------------ life cycle
     def start(self) -> list[int]:
@@ -90,31 +86,13 @@ class Service:
         if requeued:
             log.warning("jobs %s were running when the service last stopped: marked interrupted", requeued)
         self.scheduler.start()
-        if self.settings.run_timeout_s > 0:
-            self._sweeper = threading.Thread(target=self._sweep_runs, name="run-timeout", daemon=True)
+        if self._sweeper is not None:
             self._sweeper.start()
         return requeued
 
-    def _sweep_runs(self) -> None:
-        """Every few seconds, mark interrupted the runs whose client has gone silent (settings.run_timeout_s): none
-        before the service has run that long, so a client reconnecting after a restart finds its run as it was."""
-        timeout_s = self.settings.run_timeout_s
-        while not self._stopping.wait(min(max(timeout_s / 10, 0.5), 30.0)):
-            if time.monotonic() - self.started < timeout_s:
-                continue
-            try:
-                with Session(self.engine) as session:
-                    marked = history.interrupt_silent_runs(session, utcnow() - timedelta(seconds=timeout_s))
-            except Exception:  # noqa: BLE001 - a database hiccup: the next sweep tries again
-                log.exception("the sweep of silent runs failed")
-                continue
-            if marked:
-                log.warning("runs %s: no word from their clients for %g s, marked interrupted", marked, timeout_s)
-
     def stop(self) -> None:
-        self._stopping.set()
         if self._sweeper is not None:
-            self._sweeper.join(timeout=10)
+            self._sweeper.stop()
         self.scheduler.stop()
         self.executor.close()
         stopped = queue.requeue_running(
@@ -182,7 +160,7 @@ class Service:
     ) -> JobPublic:
         """Record the attempt and queue its job; every check a client can fail comes first. With `once` (an
         Idempotency-Key), the key is kept with the job; KeyTaken when a concurrent call with it queued first."""
-        _within_size_limit(request.code, "body.code", self.settings.max_code_bytes, "code_too_large", "source")
+        within_size_limit(request.code, "body.code", self.settings.max_code_bytes, "code_too_large", "source")
         with Session(self.engine) as session:
             problem = self.problem_row(session, request.problem, "body.problem")
             backend = self.backend_for(phase, request.backend)
@@ -191,7 +169,7 @@ class Service:
             _check_applicable(phase, options)
             _check_shapes(spec, phase, backend, options)
             _check_lane_bounds(spec, phase, backend, options, self.settings)
-            self._check_memory(spec, phase, backend)
+            self.registrar.check_memory(spec, phase, backend)
             _check_lineage(session, request, problem)
             attempt, reused = history.create_attempt(session, problem, request, backend, client)
             try:
@@ -244,121 +222,6 @@ class Service:
                     return job
                 await subscription.wait(min(remaining, 2.0))
 
-    # ------------------------------------------------------------------------------- problems
-    def check_memory_limits(self) -> dict[Backend, tuple[int, str]]:
-        """What one correctness check may take on each backend here, and where that figure comes from."""
-        sandbox = self.settings.sandbox
-        if sandbox.max_check_bytes is not None:
-            configured = (sandbox.max_check_bytes, "KERNELLOOP_MAX_CHECK_BYTES")
-            return {"cpu": configured, "cuda": configured}
-        limits: dict[Backend, tuple[int, str]] = {
-            "cpu": (sandbox.max_memory_bytes, "a worker (KERNELLOOP_MAX_MEMORY_BYTES)")
-        }
-        memories = [g.memory_total_mib for g in gpu_inventory() if g.memory_total_mib]
-        if memories:
-            limits["cuda"] = (int(min(memories)) << 20, "the GPU")
-        return limits
-
-    def _check_memory(self, spec: ProblemSpec, phase: JobPhase, backend: Backend) -> None:
-        if phase == "compile" or backend not in self.memory_limits:
-            return
-        limit, where = self.memory_limits[backend]
-        problem = memory_problem(spec, backend, limit, where)
-        if problem is not None:
-            raise ApiError(
-                422,
-                "problem_too_large",
-                problem,
-                field="body.problem",
-                fix="register the problem with a smaller shape (or raise KERNELLOOP_MAX_CHECK_BYTES)",
-            )
-
-    def register_problem(self, body: ProblemCreate) -> tuple[ProblemDetail, bool]:
-        """Check the file in the sandbox, then keep it. Returns (problem, created)."""
-        _within_size_limit(body.source, "body.source", self.settings.max_problem_bytes, "problem_too_large", "file")
-        with Session(self.engine) as session:
-            same = _same_problem(
-                session,
-                body.name,
-                body.source,
-                f"a different problem named {body.name!r} exists",
-                "choose another name: a problem never changes under its attempts",
-            )
-            if same is not None:
-                return same, False
-        try:
-            spec = self.scheduler.run_on_cpu_lane(lambda: check_problem(body.name, body.source, self.settings))
-        except LanesStopped as exc:
-            raise ApiError(
-                503, "stopping", "the service is stopping: the problem was not checked", fix="register it again"
-            ) from exc
-        except ProblemTooLarge as exc:
-            raise ApiError(
-                422,
-                "problem_too_large",
-                str(exc),
-                field="body.source",
-                fix="give the problem smaller shapes (smaller sizes in get_init_inputs, get_inputs or SHAPES)",
-            ) from exc
-        except ProblemRejected as exc:
-            raise ApiError(
-                422,
-                "invalid_problem",
-                str(exc),
-                field="body.source",
-                fix="the file must import and define Model, get_inputs and get_init_inputs "
-                "(KernelBench format); the message says what failed",
-            ) from exc
-        fits = {b: memory_problem(spec, b, limit, where) for b, (limit, where) in self.memory_limits.items()}
-        if fits and all(problem is not None for problem in fits.values()):  # it could be judged nowhere here
-            raise ApiError(
-                422,
-                "problem_too_large",
-                "; ".join(f"{backend}: {problem}" for backend, problem in fits.items()),
-                field="body.source",
-                fix="give the problem smaller shapes (smaller sizes in get_inputs or SHAPES)",
-            )
-        return self._keep_problem(spec, body.file_name)
-
-    def _keep_problem(self, spec: ProblemSpec, file_name: str | None) -> tuple[ProblemDetail, bool]:
-        """Write the file where workers import it and keep the row; one registration at a time, so a
-        losing concurrent registration of the same name never overwrites the winner's file."""
-        path = problems.registered_path(self.settings.problems_dir, spec.name)
-        with self._registering, Session(self.engine) as session:
-            same = _same_problem(
-                session, spec.name, spec.source, REGISTERED_MEANWHILE.format(name=spec.name), SEE_OR_RENAME
-            )
-            if same is not None:
-                return same, False
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(spec.source)
-            try:
-                row = problems.register(session, spec.model_copy(update={"path": str(path)}), file_name)
-            except IntegrityError as exc:  # another service process on the same database
-                raise ApiError(
-                    409,
-                    "problem_exists",
-                    REGISTERED_MEANWHILE.format(name=spec.name),
-                    field="body.name",
-                    fix=SEE_OR_RENAME,
-                ) from exc
-            return problems.detail(row), True
-
-
-def _within_size_limit(text: str, field: str, limit: int, error: str, smaller: str) -> None:
-    """A body field over its size limit is refused (413); the fix names the setting, whose variable is
-    KERNELLOOP_ and the error's noun: KERNELLOOP_MAX_CODE_BYTES for code_too_large."""
-    size = len(text.encode())
-    if size > limit:
-        variable = f"KERNELLOOP_MAX_{error.removesuffix('_too_large').upper()}_BYTES"
-        raise ApiError(
-            413,
-            error,
-            f"{field.removeprefix('body.')} is {size} bytes, over the limit of {limit}",
-            field=field,
-            fix=f"send a smaller {smaller} ({variable} sets the limit)",
-        )
-
 
 def _check_lineage(session: Session, request: SubmissionRequest, problem: Problem) -> None:
     """The run and the parent attempt a submission names must exist and be of its problem."""
@@ -383,16 +246,6 @@ def _check_lineage(session: Session, request: SubmissionRequest, problem: Proble
                 field="body.parent_attempt_id",
                 fix="give an attempt id of the same problem, or leave it out",
             )
-
-
-def _same_problem(session: Session, name: str, source: str, conflict: str, fix: str) -> ProblemDetail | None:
-    """The registered problem if it has exactly this source; None if the name is free; 409 if it differs."""
-    existing = problems.get_problem(session, name)
-    if existing is None:
-        return None
-    if existing.sha256 == problems.sha256_text(source):
-        return problems.detail(existing)
-    raise ApiError(409, "problem_exists", conflict, field="body.name", fix=fix)
 
 
 def _check_applicable(phase: JobPhase, options: EvalOptions) -> None:

@@ -44,7 +44,7 @@ async def register_problem(
 ) -> ProblemDetail:
     """Register a KernelBench-format file. It is imported, and Model built for each shape, in the sandbox
     before it is kept; nothing in it runs in the service."""
-    detail, created = await run_in_threadpool(service.register_problem, body)
+    detail, created = await run_in_threadpool(service.registrar.register, body)
     if not created:
         response.status_code = 200
     return detail
