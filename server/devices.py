@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 from kernelloop.contract import GpuInfo
 from kernelloop.server.settings import ServiceSettings
+from kernelloop.tools.compilation.toolchain import query_gpus
 
 QUERY = "index,uuid,name,memory.total,memory.used,utilization.gpu"
 
@@ -21,35 +20,18 @@ def _number(text: str) -> int | None:
 
 def gpu_inventory() -> list[GpuInfo]:
     """Every GPU nvidia-smi reports, with memory and utilization now; [] without a GPU or a driver."""
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
+    return [
+        GpuInfo(
+            index=int(row[0]),
+            uuid=row[1],
+            name=row[2],
+            memory_total_mib=_number(row[3]),
+            memory_used_mib=_number(row[4]),
+            utilization_percent=_number(row[5]),
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if out.returncode != 0:
-        return []
-    gpus = []
-    for line in out.stdout.strip().splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 6:
-            continue
-        gpus.append(
-            GpuInfo(
-                index=int(fields[0]),
-                uuid=fields[1],
-                name=fields[2],
-                memory_total_mib=_number(fields[3]),
-                memory_used_mib=_number(fields[4]),
-                utilization_percent=_number(fields[5]),
-            )
-        )
-    return gpus
+        for row in query_gpus(QUERY)
+        if len(row) == 6
+    ]
 
 
 def gpu_lane_ids(settings: ServiceSettings) -> list[str]:

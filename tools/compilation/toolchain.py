@@ -59,13 +59,13 @@ def gpu_arch() -> str | None:
 
 
 def query_gpus(fields: str) -> list[list[str]]:
-    """nvidia-smi's answer to `--query-gpu=FIELDS`, a row of values per visible GPU; [] without a GPU or a
-    driver (no CUDA context is created)."""
+    """nvidia-smi's answer to `--query-gpu=FIELDS`, a row of values per visible GPU, numbers without their units;
+    [] without a GPU or a driver (no CUDA context is created)."""
     if not shutil.which("nvidia-smi"):
         return []
     try:
         out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=30,
