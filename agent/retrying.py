@@ -91,10 +91,11 @@ class Answer:
         return self.response is not None and self.response.status_code in OUTAGE_STATUSES
 
     def no_response(self) -> tuple[NoResponse, str]:
-        """For a try that ended in a transport error: why no response came, and the error in words."""
+        """For a try that ended in a transport error: why no response came, and what the server did in words
+        (`did not answer in time (ReadTimeout)`, `is unreachable: ConnectError: ...`)."""
         if isinstance(self.error, httpx.TimeoutException):
-            return "timeout", f"no answer in time ({type(self.error).__name__})"
-        return "unreachable", f"{type(self.error).__name__}: {self.error}".rstrip(": ")
+            return "timeout", f"did not answer in time ({type(self.error).__name__})"
+        return "unreachable", f"is unreachable: {type(self.error).__name__}: {self.error}".rstrip(": ")
 
     @property
     def exhausted(self) -> bool:

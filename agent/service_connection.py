@@ -126,7 +126,7 @@ class ServiceConnection:
         response = answer.response
         if response is None:
             kind, error = answer.no_response()
-            message = f"the service at {self.base_url} did not answer {method} {path}: {error}"
+            message = f"the service at {self.base_url} ({method} {path}) {error}"
             return ServiceFailure(kind=kind, message=message, fix=NO_RESPONSE_FIXES[kind])
         if not answer.unanswered:
             self._answered()

@@ -42,7 +42,7 @@ def _read(answer: Answer, url: str, what: str, key_hint: str) -> dict[str, Any] 
     response = answer.response
     if response is None:
         kind, error = answer.no_response()
-        return LlmFailure(kind=kind, message=f"{what} at {url} did not answer: {error}", fix=NO_RESPONSE_FIXES[kind])
+        return LlmFailure(kind=kind, message=f"{what} at {url} {error}", fix=NO_RESPONSE_FIXES[kind])
     if response.status_code < 400:
         data = json_object(response)
         if data is None:
