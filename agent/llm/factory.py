@@ -97,16 +97,6 @@ def is_private_url(url: str) -> bool:
 
 
 def make_chat_client(config: LlmConfig, settings: AgentSettings) -> ChatClient:
-    key = api_key(config, settings)
     hint = f" (${config.api_key_env})" if config.api_key_env else ""
     kind = AnthropicMessagesClient if config.api == "anthropic" else OpenAIChatClient
-    return kind(
-        config.base_url,
-        config.model,
-        key,
-        max_tokens=config.max_tokens,
-        temperature=config.temperature,
-        timeout_s=config.timeout_s,
-        max_retries=config.max_retries,
-        key_hint=hint,
-    )
+    return kind(config, api_key(config, settings), key_hint=hint)

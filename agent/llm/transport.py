@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 
 from kernelloop.agent.llm.types import FailureKind, LlmFailure
+from kernelloop.agent.models import LlmConfig
 from kernelloop.agent.retrying import Answer, NoResponse, RetryPolicy, json_object, send_with_retries
 
 
@@ -87,24 +88,12 @@ class HttpLlmClient:
     """What every model API client shares: connection settings, the retrying POST, and closing.
     Subclasses say only how a conversation is written for their API and how the reply is read."""
 
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        api_key: str | None,
-        *,
-        max_tokens: int = 8192,
-        temperature: float | None = None,
-        timeout_s: float = 300.0,
-        max_retries: int = 5,
-        base_delay_s: float = 1.0,
-        key_hint: str = "",
-    ):
-        self.base_url = base_url.rstrip("/")
-        self.model, self.api_key = model, api_key
-        self.max_tokens, self.temperature = max_tokens, temperature
-        self.max_retries, self.base_delay_s, self.key_hint = max_retries, base_delay_s, key_hint
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0))
+    def __init__(self, config: LlmConfig, api_key: str | None, *, base_delay_s: float = 1.0, key_hint: str = ""):
+        self.base_url = config.base_url.rstrip("/")
+        self.model, self.api_key = config.model, api_key
+        self.max_tokens, self.temperature = config.max_tokens, config.temperature
+        self.max_retries, self.base_delay_s, self.key_hint = config.max_retries, base_delay_s, key_hint
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout_s, connect=30.0))
 
     async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str], what: str) -> Any:
         """The parsed JSON answer, or an LlmFailure once retries are spent or the error is final."""
