@@ -17,84 +17,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel
-
-from kernelloop.agent.models import AgentRunConfig, ProposerDone, RunSummary, ShapeWinner
+from kernelloop.agent.models import AgentRunConfig, ProposerDone, RunSummary
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.proposers.base import LoopView, Proposer
+from kernelloop.agent.run_budget import LoopMemory, RunBudget
+from kernelloop.agent.run_keeper import RunKeeper
 from kernelloop.agent.run_record import RunRecord
-from kernelloop.agent.service_client import ServiceClient, ServiceFailure
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.service_connection import ServiceFailure
 from kernelloop.agent.submission import Submitter
 from kernelloop.contract import AttemptSummary, RunStatus, RunUpdate
 
 
-class LoopMemory(BaseModel):
-    """Kept in the run's meta under `agent`, for resume."""
-
-    steps: int = 0
-    seconds: float = 0.0
-    proposer_state: dict[str, Any] = {}
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class RunBudget:
-    """What a run may still spend (steps, seconds) and has spent (tokens too), counted across resumes: the
-    `memory` is what a resume starts from."""
-
-    def __init__(self, config: AgentRunConfig, proposer: Proposer, memory: LoopMemory | None = None) -> None:
-        self.config, self.proposer = config, proposer
-        self.memory = memory or LoopMemory()
-        self.reserved = 0
-        """proposals being made: counted against the iterations before they are steps"""
-        self._started = time.monotonic()
-        self._prior_seconds = self.memory.seconds
-        self._prior_tokens = (self.memory.prompt_tokens, self.memory.completion_tokens)
-
-    def reserve(self) -> bool:
-        """Room for one more proposal within the budget (counting proposals already being made)? If so, it is
-        reserved until `release`."""
-        if self.config.iterations is not None and self.memory.steps + self.reserved >= self.config.iterations:
-            return False
-        if self.config.max_run_s is not None and self.seconds() >= self.config.max_run_s:
-            return False
-        self.reserved += 1
-        return True
-
-    def release(self) -> None:
-        self.reserved -= 1
-
-    def seconds(self) -> float:
-        return self._prior_seconds + (time.monotonic() - self._started)
-
-    def tokens(self) -> tuple[int, int]:
-        prompt, completion = self.proposer.token_usage()
-        return self._prior_tokens[0] + prompt, self._prior_tokens[1] + completion
-
-    def remember(self) -> LoopMemory:
-        """The memory, brought up to now (seconds, tokens, the proposer's state)."""
-        self.memory.seconds = self.seconds()
-        self.memory.proposer_state = self.proposer.state()
-        self.memory.prompt_tokens, self.memory.completion_tokens = self.tokens()
-        return self.memory
-
-    def spent(self) -> str | None:
-        """Which limit the run has reached, if any."""
-        if self.config.iterations is not None and self.memory.steps >= self.config.iterations:
-            return f"the iteration budget ({self.config.iterations}) is spent"
-        if self.config.max_run_s is not None and self.seconds() >= self.config.max_run_s:
-            return f"the run's time limit ({self.config.max_run_s:g} s) is spent"
-        return None
-
-
 class RunLoop:
     """Runs the trajectories of one run to its end, within its budget, and answers its summary. What each step
-    learns is the `record`'s, the trip of a proposal to the service the `submitter`'s, the counting the `budget`'s."""
+    learns is the `record`'s, the trip of a proposal to the service the `submitter`'s, the counting the `budget`'s,
+    the run's row at the service the `keeper`'s."""
 
     def __init__(
         self,
@@ -111,9 +52,19 @@ class RunLoop:
     ):
         self.config, self.client, self.proposer, self.run_id = config, client, proposer, run_id
         self.heartbeat_s = heartbeat_s
-        self.progress, self.best_path = progress, best_path
+        self.progress = progress
         self.budget = RunBudget(config, proposer, memory)
         self.record = RunRecord(history)
+        self.keeper = RunKeeper(
+            config,
+            client,
+            run_id,
+            progress,
+            proposer=proposer,
+            budget=self.budget,
+            record=self.record,
+            best_path=best_path,
+        )
         unseen = {a.code_sha256: a for a in history or [] if a.step is not None and a.step > self.budget.memory.steps}
         self.submitter = Submitter(config, client, run_id, proposer.name, progress, unseen=unseen)
         self.done: dict[int, ProposerDone] = {}
@@ -124,6 +75,7 @@ class RunLoop:
     # --------------------------------------------------------------------------------------- entry
     async def run(self) -> RunSummary:
         status, reason = "finished", ""
+        await self.keeper.load_best_code()
         tasks = [asyncio.create_task(self._guarded(t), name=f"trajectory-{t}") for t in range(self.config.parallel)]
         self._tasks = tasks
         beat = None
@@ -150,7 +102,7 @@ class RunLoop:
                 status, reason = "failed", self.fatal
             else:
                 reason = self._end_reason()
-        return await self._finish(status, reason)
+        return await self.keeper.finish(status, reason)
 
     def _interrupt(self) -> None:
         self.interrupted = True
@@ -192,7 +144,7 @@ class RunLoop:
             self.record.add(trajectory, proposal, outcome)
             self.progress.outcome(outcome, proposal)
             await self.proposer.observe(trajectory, proposal, outcome)
-            await self._save_memory()
+            await self.keeper.save()
 
     def _view(self, trajectory: int) -> LoopView:
         best_id, best_speedup = self.record.best()
@@ -207,81 +159,9 @@ class RunLoop:
             base_code=self.record.code_of(base),
         )
 
-    async def load_codes(self) -> None:
-        """Fetch the code of the best restored attempt (a resumed llm trajectory starts from it)."""
-        best_id, _ = self.record.best()
-        if best_id is not None and self.record.code_of(best_id) is None:
-            detail = await self.client.attempt(best_id)
-            if not isinstance(detail, ServiceFailure):
-                self.record.facts[best_id].code = detail.code
-
-    async def _save_memory(self, status: RunStatus | None = None, notes: str | None = None) -> ServiceFailure | None:
-        memory = self.budget.remember()
-        best_id, best_speedup = self.record.best()
-        meta = {
-            "agent": memory.model_dump(mode="json"),
-            "tokens": memory.prompt_tokens + memory.completion_tokens,
-            "prompt_tokens": memory.prompt_tokens,
-            "completion_tokens": memory.completion_tokens,
-            "steps": memory.steps,
-            "best_per_shape": {shape: w.model_dump(mode="json") for shape, w in self._best_per_shape().items()},
-            "best_attempt_id": best_id,
-            "best_speedup": best_speedup,
-        }
-        answer = await self.client.update_run(self.run_id, RunUpdate(status=status, notes=notes, meta=meta))
-        return answer if isinstance(answer, ServiceFailure) else None
-
     def _end_reason(self) -> str:
         reasons = sorted({done.reason for done in self.done.values()})
         return self.budget.spent() or "; ".join(reasons) or "every trajectory ended"
-
-    # ------------------------------------------------------------------------------------- finish
-    async def _finish(self, status: str, reason: str) -> RunSummary:
-        saved = await self._save_memory(status=RunStatus(status), notes=reason)
-        if saved is not None and status != "failed":
-            reason += f" (the run could not be marked {status}: {saved})"
-        best_id, best_speedup = self.record.best()
-        run = await self.client.run(self.run_id)
-        if not isinstance(run, ServiceFailure) and run.best_attempt_id is not None:
-            best_id, best_speedup = run.best_attempt_id, run.best_speedup  # the database's view is the answer
-        best_path = await self._write_best(best_id)
-        prompt, completion = self.budget.tokens()
-        return RunSummary(
-            run_id=self.run_id,
-            problem=self.config.problem,
-            backend=self.config.backend,
-            proposer=self.proposer.name,
-            status=status,
-            reason=reason,
-            steps=self.budget.memory.steps,
-            attempts=self.record.lines,
-            first_speedup=self.record.first_speedup,
-            best_attempt_id=best_id,
-            best_speedup=best_speedup,
-            best_path=best_path,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            seconds=self.budget.seconds(),
-            best_per_shape=self._best_per_shape(),
-        )
-
-    def _best_per_shape(self) -> dict[str, ShapeWinner]:
-        per_shape = getattr(self.proposer, "best_per_shape", None)
-        return per_shape() if callable(per_shape) else {}
-
-    async def _write_best(self, best_id: int | None) -> str | None:
-        if best_id is None or self.best_path is None:
-            return None
-        code = self.record.code_of(best_id)
-        if code is None:
-            detail = await self.client.attempt(best_id)
-            if isinstance(detail, ServiceFailure):
-                self.progress.note(f"the best kernel (attempt #{best_id}) could not be fetched: {detail}")
-                return None
-            code = detail.code
-        self.best_path.parent.mkdir(parents=True, exist_ok=True)
-        self.best_path.write_text(code)
-        return str(self.best_path)
 
 
 @contextlib.contextmanager

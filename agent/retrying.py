@@ -4,7 +4,7 @@ Dropped connections, timeouts, 429 and 5xx are retried; Retry-After is honoured 
 date, capped); otherwise the delay doubles from `base_delay_s` with jitter. A policy with an `outage_s`
 also waits out a server that does not answer at all (a refused or dropped connection, 502, 503 or 504 from
 a proxy in front of a restarting one) for that long, whatever the count of retries. The caller turns the
-last answer, or the last transport error, into a failure of its own kind.
+last answer, or the last transport error, into a failure of its own kind (a `CallFailure`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,31 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import Any, Literal, Self
 
 import httpx
+from pydantic import BaseModel
+
+NoResponse = Literal["timeout", "unreachable"]
+"""why a call got no response at all: it timed out, or it never reached the server"""
+
+
+class CallFailure(BaseModel):
+    """A call that did not succeed: what happened and what to do. Each caller's subclass names its kinds."""
+
+    kind: str
+    message: str
+    fix: str = ""
+    status_code: int | None = None
+
+    def __str__(self) -> str:
+        return self.message + (f"; {self.fix}" if self.fix else "")
+
+    @classmethod
+    def unreadable(cls, response: httpx.Response, message: str, fix: str) -> Self:
+        """An answer of success this client cannot read (`bad_response`)."""
+        return cls(kind="bad_response", status_code=response.status_code, message=message, fix=fix)
+
 
 OUTAGE_STATUSES = frozenset({502, 503, 504})
 """what a proxy answers while the server behind it is down or restarting"""
@@ -67,10 +90,26 @@ class Answer:
             return not isinstance(self.error, httpx.TimeoutException) or isinstance(self.error, httpx.ConnectTimeout)
         return self.response is not None and self.response.status_code in OUTAGE_STATUSES
 
+    def no_response(self) -> tuple[NoResponse, str]:
+        """For a try that ended in a transport error: why no response came, and what the server did in words
+        (`did not answer in time (ReadTimeout)`, `is unreachable: ConnectError: ...`)."""
+        if isinstance(self.error, httpx.TimeoutException):
+            return "timeout", f"did not answer in time ({type(self.error).__name__})"
+        return "unreachable", f"is unreachable: {type(self.error).__name__}: {self.error}".rstrip(": ")
+
     @property
     def exhausted(self) -> bool:
         """Every try failed in a way worth retrying."""
         return self.error is not None or (self.response is not None and is_retryable(self.response.status_code))
+
+
+def json_object(response: httpx.Response) -> dict[str, Any] | None:
+    """The response's body as a JSON object; None when it is not one (an error page, a proxy's HTML, a list)."""
+    try:
+        data = response.json()
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 OutageWatcher = Callable[[float, "Answer"], None]

@@ -65,20 +65,9 @@ class RunRecord:
         elif outcome.attempt_id is not None:
             self.base[trajectory] = outcome.attempt_id
         parent = outcome.parent_attempt_id if outcome.parent_attempt_id != outcome.attempt_id else None
-        self.lines.append(
-            AttemptLine(
-                step=outcome.step,
-                trajectory=trajectory,
-                attempt_id=outcome.attempt_id,
-                parent_attempt_id=parent,
-                tool=outcome.tool,
-                label=proposal.label,
-                status=outcome.status,
-                correct=outcome.correct,
-                speedup=outcome.speedup,
-                seconds=outcome.seconds,
-            )
-        )
+        shown = outcome.model_dump(include=set(AttemptLine.model_fields))  # the outcome's own fields of a line
+        line = shown | {"trajectory": trajectory, "parent_attempt_id": parent, "label": proposal.label}
+        self.lines.append(AttemptLine.model_validate(line))
 
     def forget_restored(self, attempt_id: int | None) -> None:
         """Drop the line restored from before a resume for this attempt (its step, adopted, gets a line of its own)."""

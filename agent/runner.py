@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from kernelloop.agent.llm.factory import api_key, is_private_url, make_chat_client
 from kernelloop.agent.llm.types import ToolDefinition
-from kernelloop.agent.loop import LoopMemory, RunLoop
+from kernelloop.agent.loop import RunLoop
 from kernelloop.agent.models import AgentRunConfig, RunSummary
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.prompt import describe_device, system_prompt
@@ -24,7 +24,9 @@ from kernelloop.agent.proposers.base import Proposer
 from kernelloop.agent.proposers.llm import LlmProposer
 from kernelloop.agent.proposers.replay import ReplayProposer, TranscriptError
 from kernelloop.agent.proposers.search import SearchProposer
-from kernelloop.agent.service_client import ServiceClient, ServiceFailure
+from kernelloop.agent.run_budget import LoopMemory
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.service_connection import ServiceFailure
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.contract import (
     AttemptSummary,
@@ -310,7 +312,6 @@ async def _loop(
         heartbeat_s=settings.heartbeat_s,
     )
     try:
-        await loop.load_codes()
         summary = await loop.run()
     finally:
         await proposer.aclose()

@@ -1,9 +1,9 @@
-"""The agent's view of the kernelloop service: its HTTP API, one method an endpoint, answers parsed into the API's
-models (over `kernelloop.agent.service_transport`, which retries and waits out outages).
+"""The agent's view of the kernelloop service: its HTTP API, the calls grouped by resource, answers parsed into the
+API's models.
 
-Every call returns the parsed answer or a `ServiceFailure` that says what happened and what to do. A tool call
-carries an Idempotency-Key, so a call retried across a restart of the service finds the job its first try queued
-instead of queueing a second; `submit` follows the job's event stream to its end, and polls where it cannot.
+Every call returns the parsed answer or a `ServiceFailure` (`kernelloop.agent.service_connection`, which also
+retries and waits out a restarting service); a tool call carries an Idempotency-Key, so a call retried across a
+restart finds the job its first try queued instead of queueing a second.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import ValidationError
 
-from kernelloop.agent.service_transport import ServiceFailure, ServiceTransport
+from kernelloop.agent.service_connection import ServiceConnection, ServiceFailure
 from kernelloop.contract import (
     TERMINAL_JOB_STATUSES,
     AttemptDetail,
@@ -44,90 +44,56 @@ from kernelloop.contract import (
 from kernelloop.tools.phase_registry import TOOLS, ToolName
 from kernelloop.tools.results import Backend
 
-__all__ = ["ServiceClient", "ServiceFailure"]
-
 EventWatcher = Callable[[JobEventPublic], Awaitable[None] | None]
 EVENT_READ_TIMEOUT_S = 120.0  # the service sends a keep-alive every 15 s
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
-class ServiceClient:
-    """The service's endpoints, over one connection. Use `async with ServiceClient(url) as client`."""
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        token: str | None = None,
-        retries: int = 4,
-        poll_s: float = 0.5,
-        request_timeout_s: float = 60.0,
-        reconnect_s: float = 0.0,
-        on_note: Callable[[str], None] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ):
-        self.transport = ServiceTransport(
-            base_url,
-            token=token,
-            retries=retries,
-            request_timeout_s=request_timeout_s,
-            reconnect_s=reconnect_s,
-            on_note=on_note,
-            transport=transport,
-        )
-        self.base_url = self.transport.base_url
-        self.poll_s = poll_s
-
-    async def __aenter__(self) -> ServiceClient:
-        return self
-
-    async def __aexit__(self, *_exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self.transport.close()
-
-    def stop_waiting(self) -> None:
-        """From now on a service that does not answer fails the call at once (a run the user interrupted is marked
-        so if the service answers, and not waited for if it does not)."""
-        self.transport.stop_waiting()
-
-    # ---------------------------------------------------------------------------------------- reads
-    async def health(self) -> Health | ServiceFailure:
-        return await self.transport.call("GET", "/v1/health", Health)
+class ProblemCalls(ServiceConnection):
+    """The problems: the list, one problem, its leaderboard, and registering a KernelBench file."""
 
     async def problems(self) -> list[ProblemSummary] | ServiceFailure:
-        return await self.transport.call("GET", "/v1/problems", list[ProblemSummary])
+        return await self._call("GET", "/v1/problems", list[ProblemSummary])
 
     async def problem(self, name: str) -> ProblemDetail | ServiceFailure:
-        return await self.transport.call("GET", f"/v1/problems/{_segment(name)}", ProblemDetail)
+        return await self._call("GET", f"/v1/problems/{_segment(name)}", ProblemDetail)
 
     async def leaderboard(
         self, problem: str, backend: Backend | None = None, limit: int = 10
     ) -> list[LeaderboardEntry] | ServiceFailure:
         """The problem's correct attempts, fastest first."""
         params: dict[str, Any] = {"limit": limit} | ({"backend": backend} if backend else {})
-        return await self.transport.call(
+        return await self._call(
             "GET", f"/v1/problems/{_segment(problem)}/leaderboard", list[LeaderboardEntry], params=params
         )
 
-    async def devices(self) -> DevicesReport | ServiceFailure:
-        return await self.transport.call("GET", "/v1/devices", DevicesReport)
+    async def register_problem(self, request: ProblemCreate) -> ProblemDetail | ServiceFailure:
+        """Register a KernelBench-format file (checked in the service's sandbox); the same file again is fine."""
+        return await self._call("POST", "/v1/problems", ProblemDetail, json=request.model_dump(mode="json"))
 
-    async def tools(self, style: Literal["openai", "anthropic"] = "openai") -> ToolsCatalog | ServiceFailure:
-        return await self.transport.call("GET", "/v1/tools", ToolsCatalog, params={"format": style})
+
+class HistoryCalls(ServiceConnection):
+    """The history: runs and their attempts."""
+
+    async def create_run(self, request: RunCreate) -> RunPublic | ServiceFailure:
+        return await self._call("POST", "/v1/runs", RunPublic, json=request.model_dump(mode="json"))
 
     async def run(self, run_id: int) -> RunPublic | ServiceFailure:
-        return await self.transport.call("GET", f"/v1/runs/{run_id}", RunPublic)
+        return await self._call("GET", f"/v1/runs/{run_id}", RunPublic)
+
+    async def update_run(self, run_id: int, update: RunUpdate) -> RunPublic | ServiceFailure:
+        return await self._call(
+            "PATCH", f"/v1/runs/{run_id}", RunPublic, json=update.model_dump(mode="json", exclude_none=True)
+        )
 
     async def attempt(self, attempt_id: int) -> AttemptDetail | ServiceFailure:
-        return await self.transport.call("GET", f"/v1/attempts/{attempt_id}", AttemptDetail)
+        return await self._call("GET", f"/v1/attempts/{attempt_id}", AttemptDetail)
 
     async def run_attempts(self, run_id: int) -> list[AttemptSummary] | ServiceFailure:
         """Every attempt of the run, oldest first."""
         items: list[AttemptSummary] = []
         while True:
-            page = await self.transport.call(
+            page = await self._call(
                 "GET",
                 "/v1/attempts",
                 Page[AttemptSummary],
@@ -139,37 +105,19 @@ class ServiceClient:
             if not page.items or len(items) >= page.total:
                 return items
 
-    async def job(self, job_id: int) -> JobPublic | ServiceFailure:
-        return await self.transport.call("GET", f"/v1/jobs/{job_id}", JobPublic)
 
-    async def follow(self, job_id: int, timeout_s: float = 7200.0) -> JobPublic | ServiceFailure:
-        """A job already queued (by this client before a restart, say), polled until it ends."""
-        job = await self.job(job_id)
-        if isinstance(job, ServiceFailure):
-            return job
-        return await _poll(self.transport, job, self.poll_s, timeout_s)
-
-    async def cancel_job(self, job_id: int) -> JobPublic | ServiceFailure:
-        """Stop the job: now if it is queued, else after its running step (409 when it has already ended)."""
-        return await self.transport.call("POST", f"/v1/jobs/{job_id}/cancel", JobPublic)
-
-    # --------------------------------------------------------------------------------------- writes
-    async def create_run(self, request: RunCreate) -> RunPublic | ServiceFailure:
-        return await self.transport.call("POST", "/v1/runs", RunPublic, json=request.model_dump(mode="json"))
-
-    async def register_problem(self, request: ProblemCreate) -> ProblemDetail | ServiceFailure:
-        """Register a KernelBench-format file (checked in the service's sandbox); the same file again is fine."""
-        return await self.transport.call("POST", "/v1/problems", ProblemDetail, json=request.model_dump(mode="json"))
+class SuiteCalls(ServiceConnection):
+    """Suites: many solutions queued as one, followed together."""
 
     async def create_suite(self, request: SuiteCreate) -> SuitePublic | ServiceFailure:
         """Queue every solution of the suite; answers at once (follow it with `suite`)."""
-        return await self.transport.call(
+        return await self._call(
             "POST", "/v1/suites", SuitePublic, json=request.model_dump(mode="json", exclude_none=True)
         )
 
     async def add_suite_entries(self, suite_id: int, request: SuiteEntriesAdd) -> SuitePublic | ServiceFailure:
         """Queue more solutions into a suite (one run in pieces); the entries it has are kept."""
-        return await self.transport.call(
+        return await self._call(
             "POST",
             f"/v1/suites/{suite_id}/entries",
             SuitePublic,
@@ -177,12 +125,11 @@ class ServiceClient:
         )
 
     async def suite(self, suite_id: int) -> SuitePublic | ServiceFailure:
-        return await self.transport.call("GET", f"/v1/suites/{suite_id}", SuitePublic)
+        return await self._call("GET", f"/v1/suites/{suite_id}", SuitePublic)
 
-    async def update_run(self, run_id: int, update: RunUpdate) -> RunPublic | ServiceFailure:
-        return await self.transport.call(
-            "PATCH", f"/v1/runs/{run_id}", RunPublic, json=update.model_dump(mode="json", exclude_none=True)
-        )
+
+class JobCalls(ServiceConnection):
+    """The tool calls and their jobs: queue one, follow it (its event stream, else polling) until it ends, cancel it."""
 
     async def submit(
         self,
@@ -199,14 +146,14 @@ class ServiceClient:
         if isinstance(job, ServiceFailure):
             return job
         if job.status not in TERMINAL_JOB_STATUSES:
-            await _follow_events(self.transport, job.id, on_event, timeout_s)
-        return await _poll(self.transport, job, self.poll_s, timeout_s)
+            await self._follow_events(job.id, on_event, timeout_s)
+        return await self._poll(job, timeout_s)
 
     async def queue(self, tool: ToolName, request: SubmissionRequest) -> JobPublic | ServiceFailure:
         """Queue the tool's job and answer at once (wait=false): the job as queued. Every try of this one call
         carries the same Idempotency-Key, so a try that reached the service before it went away is answered, once
         it is back, with that try's job rather than a second one."""
-        return await self.transport.call(
+        return await self._call(
             "POST",
             TOOLS[tool].endpoint,
             JobPublic,
@@ -215,62 +162,85 @@ class ServiceClient:
             headers={IDEMPOTENCY_HEADER: f"kernelloop-agent-{uuid.uuid4()}"},
         )
 
+    async def job(self, job_id: int) -> JobPublic | ServiceFailure:
+        return await self._call("GET", f"/v1/jobs/{job_id}", JobPublic)
 
-async def _follow_events(
-    transport: ServiceTransport, job_id: int, on_event: EventWatcher | None, timeout_s: float
-) -> None:
-    """Read GET /v1/jobs/{id}/events until `finished`, `failed` or `cancelled`; any trouble just ends the
-    following."""
-    deadline = time.monotonic() + timeout_s
-    fields: dict[str, str] = {}
-    try:
-        async with transport.stream(f"/v1/jobs/{job_id}/events", EVENT_READ_TIMEOUT_S) as response:
-            if response.status_code != 200:
-                return
-            async for line in response.aiter_lines():
-                if time.monotonic() > deadline:
+    async def follow(self, job_id: int, timeout_s: float = 7200.0) -> JobPublic | ServiceFailure:
+        """A job already queued (by this client before a restart, say), polled until it ends."""
+        job = await self.job(job_id)
+        if isinstance(job, ServiceFailure):
+            return job
+        return await self._poll(job, timeout_s)
+
+    async def cancel_job(self, job_id: int) -> JobPublic | ServiceFailure:
+        """Stop the job: now if it is queued, else after its running step (409 when it has already ended)."""
+        return await self._call("POST", f"/v1/jobs/{job_id}/cancel", JobPublic)
+
+    async def _follow_events(self, job_id: int, on_event: EventWatcher | None, timeout_s: float) -> None:
+        """Read GET /v1/jobs/{id}/events until `finished`, `failed` or `cancelled`; any trouble just ends the
+        following."""
+        deadline = time.monotonic() + timeout_s
+        fields: dict[str, str] = {}
+        try:
+            async with self._http.stream(
+                "GET", f"/v1/jobs/{job_id}/events", timeout=httpx.Timeout(60.0, read=EVENT_READ_TIMEOUT_S)
+            ) as response:
+                if response.status_code != 200:
                     return
-                if line.startswith(":"):
-                    continue
-                if line:
-                    name, _, value = line.partition(":")
-                    fields[name] = value.lstrip(" ")
-                    continue
-                data, fields = fields.get("data"), {}
-                if data is None:
-                    continue
-                try:
-                    event = JobEventPublic.model_validate_json(data)
-                except ValidationError:
-                    continue
-                await _notify(on_event, event)
-                if event.type in ("finished", "failed", "cancelled"):
-                    return
-    except (httpx.TransportError, httpx.HTTPStatusError):
-        return
+                async for line in response.aiter_lines():
+                    if time.monotonic() > deadline:
+                        return
+                    if line.startswith(":"):
+                        continue
+                    if line:
+                        name, _, value = line.partition(":")
+                        fields[name] = value.lstrip(" ")
+                        continue
+                    data, fields = fields.get("data"), {}
+                    if data is None:
+                        continue
+                    try:
+                        event = JobEventPublic.model_validate_json(data)
+                    except ValidationError:
+                        continue
+                    await _notify(on_event, event)
+                    if event.type in ("finished", "failed", "cancelled"):
+                        return
+        except (httpx.TransportError, httpx.HTTPStatusError):
+            return
+
+    async def _poll(self, job: JobPublic, timeout_s: float) -> JobPublic | ServiceFailure:
+        deadline = time.monotonic() + timeout_s
+        first = True
+        while first or job.status not in TERMINAL_JOB_STATUSES:
+            if time.monotonic() > deadline:
+                return ServiceFailure(
+                    kind="timeout",
+                    message=f"job {job.id} did not finish within {timeout_s:.0f} s (status {job.status.value})",
+                    fix=f"follow it with GET /v1/jobs/{job.id}",
+                )
+            if not first:
+                await asyncio.sleep(self.poll_s)
+            first = False
+            latest = await self._call("GET", f"/v1/jobs/{job.id}", JobPublic)
+            if isinstance(latest, ServiceFailure):
+                return latest
+            latest.reused_attempt = job.reused_attempt
+            job = latest
+        return job
 
 
-async def _poll(
-    transport: ServiceTransport, job: JobPublic, poll_s: float, timeout_s: float
-) -> JobPublic | ServiceFailure:
-    deadline = time.monotonic() + timeout_s
-    first = True
-    while first or job.status not in TERMINAL_JOB_STATUSES:
-        if time.monotonic() > deadline:
-            return ServiceFailure(
-                kind="timeout",
-                message=f"job {job.id} did not finish within {timeout_s:.0f} s (status {job.status.value})",
-                fix=f"follow it with GET /v1/jobs/{job.id}",
-            )
-        if not first:
-            await asyncio.sleep(poll_s)
-        first = False
-        latest = await transport.call("GET", f"/v1/jobs/{job.id}", JobPublic)
-        if isinstance(latest, ServiceFailure):
-            return latest
-        latest.reused_attempt = job.reused_attempt
-        job = latest
-    return job
+class ServiceClient(ProblemCalls, HistoryCalls, SuiteCalls, JobCalls):
+    """The whole API of one service over one connection pool: `async with ServiceClient(url) as client`."""
+
+    async def health(self) -> Health | ServiceFailure:
+        return await self._call("GET", "/v1/health", Health)
+
+    async def devices(self) -> DevicesReport | ServiceFailure:
+        return await self._call("GET", "/v1/devices", DevicesReport)
+
+    async def tools(self, style: Literal["openai", "anthropic"] = "openai") -> ToolsCatalog | ServiceFailure:
+        return await self._call("GET", "/v1/tools", ToolsCatalog, params={"format": style})
 
 
 async def _notify(watcher: EventWatcher | None, event: JobEventPublic) -> None:

@@ -10,7 +10,8 @@ import time
 
 from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, job_options, outcome_fields
 from kernelloop.agent.progress import Progress
-from kernelloop.agent.service_client import ServiceClient, ServiceFailure
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.service_connection import ServiceFailure
 from kernelloop.contract import (
     TERMINAL_JOB_STATUSES,
     AttemptSummary,

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from kernelloop.agent.service_client import ServiceClient, ServiceFailure
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.service_connection import ServiceFailure
 from kernelloop.contract import ProblemCreate, SuiteCreate, SuiteEntriesAdd, SuiteEntryCreate, SuitePublic
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import problem_name, problem_sets

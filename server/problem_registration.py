@@ -47,6 +47,7 @@ class ProblemRegistrar:
         return limits
 
     def check_memory(self, spec: ProblemSpec, phase: JobPhase, backend: Backend) -> None:
+        """A job whose correctness check would not fit on its backend here is refused before it queues."""
         if phase == "compile" or backend not in self.memory_limits:
             return
         limit, where = self.memory_limits[backend]

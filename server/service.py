@@ -1,4 +1,5 @@
-"""The service's state and its operations: submit a job, wait for it, register a problem.
+"""The service's state and its operations: submit a job, wait for it, cancel it (a problem's registration is
+`kernelloop.server.problem_registration`'s, the sweep of silent runs `kernelloop.server.run_sweeper`'s).
 
 Routes stay thin: they parse, call one of these, and shape the answer. Everything a client can get
 wrong is checked here and raised as an ApiError naming the field and the fix.
@@ -8,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from datetime import timedelta
 from typing import get_args
 
 from sqlalchemy import Engine
@@ -22,7 +21,6 @@ from kernelloop.contract import (
     JobPublic,
     JobStatus,
     SubmissionRequest,
-    utcnow,
 )
 from kernelloop.server.errors import ApiError, row_or_unknown, within_size_limit
 from kernelloop.server.events import EventHub
@@ -30,6 +28,7 @@ from kernelloop.server.executor import Executor
 from kernelloop.server.limits import RateLimiter
 from kernelloop.server.problem_registration import ProblemRegistrar
 from kernelloop.server.redaction import Redactor, service_secrets
+from kernelloop.server.run_sweeper import SilentRunSweeper
 from kernelloop.server.scheduler import Scheduler
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import cancel, history, idempotency, problems, queue
@@ -56,6 +55,8 @@ def unknown_problem(name: str, known: list[str], field: str) -> ApiError:
 
 
 class Service:
+    """What the routes and the MCP tools call: one per process, started and stopped with the app."""
+
     def __init__(self, settings: ServiceSettings, engine: Engine, executor: Executor):
         self.settings, self.engine, self.executor = settings, engine, executor
         self.hub = EventHub()
@@ -67,8 +68,9 @@ class Service:
         self.limiter = RateLimiter(settings.rate_limit_per_minute)
         self.registrar = ProblemRegistrar(settings, engine, self.scheduler)
         self.started = time.monotonic()
-        self._stopping = threading.Event()
-        self._sweeper: threading.Thread | None = None
+        self._sweeper = (
+            SilentRunSweeper(engine, settings.run_timeout_s, self.started) if settings.run_timeout_s > 0 else None
+        )
 
     # ------------------------------------------------------------------------------ life cycle
     def start(self) -> list[int]:
@@ -84,31 +86,13 @@ class Service:
         if requeued:
             log.warning("jobs %s were running when the service last stopped: marked interrupted", requeued)
         self.scheduler.start()
-        if self.settings.run_timeout_s > 0:
-            self._sweeper = threading.Thread(target=self._sweep_runs, name="run-timeout", daemon=True)
+        if self._sweeper is not None:
             self._sweeper.start()
         return requeued
 
-    def _sweep_runs(self) -> None:
-        """Every few seconds, mark interrupted the runs whose client has gone silent (settings.run_timeout_s): none
-        before the service has run that long, so a client reconnecting after a restart finds its run as it was."""
-        timeout_s = self.settings.run_timeout_s
-        while not self._stopping.wait(min(max(timeout_s / 10, 0.5), 30.0)):
-            if time.monotonic() - self.started < timeout_s:
-                continue
-            try:
-                with Session(self.engine) as session:
-                    marked = history.interrupt_silent_runs(session, utcnow() - timedelta(seconds=timeout_s))
-            except Exception:  # noqa: BLE001 - a database hiccup: the next sweep tries again
-                log.exception("the sweep of silent runs failed")
-                continue
-            if marked:
-                log.warning("runs %s: no word from their clients for %g s, marked interrupted", marked, timeout_s)
-
     def stop(self) -> None:
-        self._stopping.set()
         if self._sweeper is not None:
-            self._sweeper.join(timeout=10)
+            self._sweeper.stop()
         self.scheduler.stop()
         self.executor.close()
         stopped = queue.requeue_running(

@@ -12,6 +12,7 @@ and the jobs the API answers with both read this rule, so the agent reads the se
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from kernelloop.contract import Coverage
 from kernelloop.tools.jobs import EvalOptions
@@ -19,6 +20,11 @@ from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import BenchmarkResult, PhaseResult, Status, TestResult
 
 DEFAULT_SEEDS = EvalOptions().seeds
+NOT_COUNTED = {
+    "test": "a narrowed test does not mark the attempt correct",
+    "benchmark": "a narrowed benchmark does not set the attempt's speedup",
+}
+"""what a passed test or benchmark that did not cover the whole problem does not count for"""
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,6 @@ def correctness_coverage(spec: ProblemSpec, result: TestResult) -> Coverage:
     extent = f"{len(checked)} of {len(required)} correctness shapes, " + (
         f"{fewest_seeds} seeds each" if full else f"{fewest_seeds} of {DEFAULT_SEEDS} seeds"
     )
-    consequence = "a narrowed test does not mark the attempt correct"
     return Coverage(
         phase="test",
         shapes_checked=len(checked),
@@ -66,7 +71,7 @@ def correctness_coverage(spec: ProblemSpec, result: TestResult) -> Coverage:
         seeds_checked=fewest_seeds,
         seeds_required=DEFAULT_SEEDS,
         full=full,
-        note=_note(full, result.ok, extent, consequence),
+        note=_note("test", full, result.ok, extent),
     )
 
 
@@ -74,17 +79,17 @@ def benchmark_coverage(spec: ProblemSpec, result: BenchmarkResult) -> Coverage:
     required = {s.name for s in spec.benchmark_shapes(result.backend)}
     timed = {s.shape for s in result.shapes if s.status == Status.passed} & required
     full = timed == required
-    consequence = "a narrowed benchmark does not set the attempt's speedup"
     return Coverage(
         phase="benchmark",
         shapes_checked=len(timed),
         shapes_required=len(required),
         full=full,
-        note=_note(full, result.ok, f"{len(timed)} of {len(required)} benchmark shapes", consequence),
+        note=_note("benchmark", full, result.ok, f"{len(timed)} of {len(required)} benchmark shapes"),
     )
 
 
-def _note(full: bool, passed: bool, extent: str, consequence: str) -> str:
+def _note(phase: Literal["test", "benchmark"], full: bool, passed: bool, extent: str) -> str:
+    """Full or partial coverage of what extent, and for a partial one that passed, what it does not count for."""
     if full:
         return f"full coverage: {extent}"
-    return f"partial coverage: {extent}" + (f"; {consequence}" if passed else "")
+    return f"partial coverage: {extent}" + (f"; {NOT_COUNTED[phase]}" if passed else "")

@@ -36,7 +36,7 @@ from kernelloop.contract import (
     utcnow,
 )
 from kernelloop.storage.coverage import Counted, counted
-from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, Problem, Run, row_id
+from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, Problem, Run, row_id, same_named
 from kernelloop.storage.problems import spec_of
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import (
@@ -79,15 +79,7 @@ def store_code(session: Session, text: str) -> str:
 
 
 def create_run(session: Session, problem: Problem, request: RunCreate) -> Run:
-    run = Run(
-        problem_id=row_id(problem),
-        name=request.name,
-        proposer=request.proposer,
-        model=request.model,
-        backend=request.backend,
-        notes=request.notes,
-        config=request.config,
-    )
+    run = Run(**same_named(request, Run), problem_id=row_id(problem))
     session.add(run)
     session.commit()
     session.refresh(run)
@@ -487,15 +479,10 @@ def leaderboard(
         ]
     return [
         LeaderboardEntry(
+            **same_named(a, LeaderboardEntry),
             rank=i + 1 if problem_id is not None else 1,
             problem=name,
             attempt_id=a.id,
-            run_id=a.run_id,
-            backend=a.backend,
-            device=a.device,
-            speedup=a.speedup,
-            proposer=a.proposer,
-            created_at=a.created_at,
         )
         for i, (a, name) in enumerate(rows)
     ]

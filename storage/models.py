@@ -14,6 +14,7 @@ suites with their entries (a set of problems and one solution each, scored as Ke
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
+from pydantic import BaseModel
 from sqlalchemy import JSON, DateTime, Index, Text
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
@@ -49,6 +50,13 @@ def row_id(row: _Row) -> int:
     if row.id is None:
         raise ValueError(f"{type(row).__name__} has no id yet: flush the session first")
     return row.id
+
+
+def same_named(source: BaseModel, model: type[BaseModel]) -> dict[str, Any]:
+    """The values of `source`'s fields that `model` has a field of the same name for: what a row takes from its
+    request, or a public model from its row, as it is, so a field added to both needs no line at each copy (the
+    caller adds what is worked out; a name it gives again is a TypeError, never a silent override)."""
+    return {name: getattr(source, name) for name in model.model_fields if name in type(source).model_fields}
 
 
 class UTCDateTime(TypeDecorator[datetime]):

@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlmodel import Session, col, select
 
 from kernelloop.contract import ProblemDetail, ProblemSummary, utcnow
-from kernelloop.storage.models import Problem
+from kernelloop.storage.models import Problem, same_named
 from kernelloop.tools.problems import (
     PROBLEM_NAME_PATTERN,
     ProblemSpec,
@@ -125,15 +125,11 @@ def register(session: Session, spec: ProblemSpec, file_name: str | None = None) 
 def summary(row: Problem) -> ProblemSummary:
     spec = spec_of(row)
     return ProblemSummary(
-        name=row.name,
-        file_name=row.file_name,
-        origin=row.origin,
+        **same_named(row, ProblemSummary),
         dtype=spec.dtype,
         tolerance=spec.tolerance,
         correctness_shapes=sum(s.correctness for s in spec.shapes),
         benchmark_shapes=sum(s.benchmark for s in spec.shapes),
-        sha256=row.sha256,
-        created_at=row.created_at,
     )
 
 

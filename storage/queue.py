@@ -20,7 +20,7 @@ from kernelloop.contract import JobLinks, JobPublic, JobStatus, LaneKind, StepPr
 from kernelloop.storage import cancel, idempotency
 from kernelloop.storage.coverage import counted
 from kernelloop.storage.history import parse_result, record_evaluation
-from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, JobEvent, Problem, row_id
+from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, JobEvent, Problem, row_id, same_named
 from kernelloop.storage.problems import spec_of
 from kernelloop.tools.jobs import EvalOptions, Step
 from kernelloop.tools.phase_registry import PHASES, JobPhase, Phase, steps_of
@@ -361,26 +361,12 @@ def job_public(session: Session, job: Job, *, reused_attempt: bool = False) -> J
     spec = spec_of(problem)
     verdicts = [counted(spec, result) for result in results]
     return JobPublic(
-        id=job.id,
-        attempt_id=job.attempt_id,
+        **same_named(job, JobPublic),
         run_id=attempt.run_id,
         problem=problem.name,
         backend=attempt.backend,
-        phase=job.phase,
-        steps=job.steps,
-        step_index=job.step_index,
-        status=job.status,
         queue_position=queue_position(session, job),
-        needs=job.needs,
-        lane=job.lane,
-        outcome=job.outcome,
-        note=job.note,
-        interruptions=job.interruptions,
-        cancel_requested_at=job.cancel_requested_at,
         reused_attempt=reused_attempt,
-        created_at=job.created_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
         results=results,
         coverage=[v.coverage for v in verdicts if v.coverage is not None],
         correct=next((v.correct for v in reversed(verdicts) if v.correct is not None), None),

@@ -19,7 +19,7 @@ from kernelloop.contract import (
     SuiteLevel,
     SuitePublic,
 )
-from kernelloop.storage.models import Attempt, Evaluation, Job, Problem, Suite, SuiteEntry, row_id
+from kernelloop.storage.models import Attempt, Evaluation, Job, Problem, Suite, SuiteEntry, row_id, same_named
 from kernelloop.tools.results import Status
 
 ALL_LEVELS = "all"
@@ -131,11 +131,8 @@ def _entry_public(
         status = str(attempt.status)
     message = entry.note or (job.note if job is not None and job.note else "") or failure
     return SuiteEntryPublic(
+        **same_named(entry, SuiteEntryPublic),
         problem=problem.name,
-        level=entry.level,
-        solution=entry.solution,
-        attempt_id=entry.attempt_id,
-        job_id=entry.job_id,
         status=status,
         correct=bool(attempt is not None and attempt.correct and status != "pending"),
         speedup=attempt.speedup if attempt is not None and status != "pending" else None,

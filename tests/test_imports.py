@@ -55,7 +55,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("tools/runner", "kernelloop.tools.judge.l2_cache"): "the runner binds the L2 reset before the candidate's import, "
     "so that both sides of a timed call reset the persisting lines alike; a leaf of ctypes calls, no judging in it",
     ("tools/runner", "kernelloop.tools.sandbox.seccomp"): "the runner's guard is a seccomp filter of its own, "
-    "built on the sandbox's table of ABIs (AUDIT_ARCH, the x32 bit): one table, so no ABI slips past either filter",
+    "built on the sandbox's tables of ABIs (AUDIT_ARCH, the x32 bit) and syscall numbers: one table, so no ABI "
+    "slips past either filter and no call has a number on one ABI only",
     ("tools", "kernelloop.tools.compilation.toolchain"): "a problem's spec cache (tools.problems) is keyed on the "
     "torch version, which the toolchain reads from torch's version file without importing torch",
     ("tools/judge", "kernelloop.tools.compilation.diagnostics"): "the memory check points compute-sanitizer's "

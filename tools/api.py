@@ -13,8 +13,9 @@ import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Generic, TypeVar, cast
 
 from kernelloop.tools.compilation import build_cache, object_cache, toolchain, verdict_cache
 from kernelloop.tools.jobs import EvalOptions, Step, WorkerJob, WorkerReply
@@ -48,6 +49,7 @@ Progress = Callable[[PhaseResult], None]
 Admission = Callable[[], AbstractContextManager[None]]
 """What a job is handed to its started worker under, and held until the worker ends: the GPU's lease."""
 WORKER_MODULE = "kernelloop.tools.judge.worker"
+ResultT = TypeVar("ResultT", bound=PhaseResult)
 
 
 def default_backend() -> Backend:
@@ -55,57 +57,39 @@ def default_backend() -> Backend:
     return "cuda" if toolchain.gpu_arch() else "cpu"
 
 
-def compile_kernel(
-    problem: ProblemSpec | str,
-    code: str,
-    backend: Backend | None = None,
-    options: EvalOptions | None = None,
-    settings: SandboxSettings | None = None,
-    on_progress: Progress | None = None,
-) -> CompileResult:
-    """Build and import the submission and instantiate ModelNew for every shape of the problem."""
-    step = make_step("compile", problem, code, backend, options)
-    return cast(CompileResult, run_phase(step, settings, on_progress))
+@dataclass(frozen=True)
+class PhaseTool(Generic[ResultT]):
+    """A tool as a Python function: `run_tests(problem, code)` builds the phase's step, runs it in a fresh sandboxed
+    worker and returns its result (what the phase does: `PHASES[phase].description`). The backend is by default
+    `default_backend`, else this host's; the options by default `EvalOptions()`."""
+
+    phase: Phase
+    result_type: type[ResultT]
+    default_backend: Backend | None = None
+
+    def __call__(
+        self,
+        problem: ProblemSpec | str,
+        code: str,
+        backend: Backend | None = None,
+        options: EvalOptions | None = None,
+        settings: SandboxSettings | None = None,
+        on_progress: Progress | None = None,
+    ) -> ResultT:
+        step = make_step(self.phase, problem, code, backend or self.default_backend, options)
+        return cast(ResultT, run_phase(step, settings, on_progress))
 
 
-def run_tests(
-    problem: ProblemSpec | str,
-    code: str,
-    backend: Backend | None = None,
-    options: EvalOptions | None = None,
-    settings: SandboxSettings | None = None,
-    on_progress: Progress | None = None,
-) -> TestResult:
-    """Compile, then compare ModelNew with the float64 truth on every correctness shape and several seeds."""
-    return cast(TestResult, run_phase(make_step("test", problem, code, backend, options), settings, on_progress))
-
-
-def benchmark(
-    problem: ProblemSpec | str,
-    code: str,
-    backend: Backend | None = None,
-    options: EvalOptions | None = None,
-    settings: SandboxSettings | None = None,
-    on_progress: Progress | None = None,
-) -> BenchmarkResult:
-    """Compile, then time ModelNew against the reference on every benchmark shape."""
-    step = make_step("benchmark", problem, code, backend, options)
-    return cast(BenchmarkResult, run_phase(step, settings, on_progress))
-
-
-def profile_kernel(
-    problem: ProblemSpec | str,
-    code: str,
-    backend: Backend | None = "cuda",
-    options: EvalOptions | None = None,
-    settings: SandboxSettings | None = None,
-    on_progress: Progress | None = None,
-) -> ProfileResult:
-    """Compile, then profile one forward of ModelNew under Nsight Compute on one benchmark shape (`options.shapes`
-    names it; by default the problem's first): what the hardware saw, per kernel, and a summary. Advice, not a
-    verdict."""
-    step = make_step("profile", problem, code, backend, options)
-    return cast(ProfileResult, run_phase(step, settings, on_progress))
+compile_kernel = PhaseTool("compile", CompileResult)
+"""Build and import the submission and instantiate ModelNew for every shape of the problem."""
+run_tests = PhaseTool("test", TestResult)
+"""Compile, then compare ModelNew with the float64 truth on every correctness shape and several seeds."""
+benchmark = PhaseTool("benchmark", BenchmarkResult)
+"""Compile, then time ModelNew against the reference on every benchmark shape."""
+profile_kernel = PhaseTool("profile", ProfileResult, default_backend="cuda")
+"""Compile, then profile one forward of ModelNew under Nsight Compute on one benchmark shape (`options.shapes`
+names it; by default the problem's first): what the hardware saw, per kernel, and a summary. Advice, not a
+verdict."""
 
 
 def make_step(

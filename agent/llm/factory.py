@@ -49,16 +49,15 @@ def resolve_llm_config(
             fix="give --base-url like http://localhost:8000/v1 (vLLM) or https://openrouter.ai/api/v1",
         )
     key_env = api_key_env or _default_key_env(api, url, settings)
-    config = LlmConfig(
-        api=api,
-        base_url=url,
-        model=chosen_model,
-        api_key_env=key_env,
-        max_tokens=settings.llm_max_tokens,
-        context_chars=settings.llm_context_chars,
-        timeout_s=settings.llm_timeout_s,
-        max_retries=settings.llm_max_retries,
-    )
+    # the KERNELLOOP_LLM_* settings are the config's fields by name (llm_max_tokens: max_tokens); what was resolved
+    # above from the options and the usual variables wins
+    configured = {
+        name: getattr(settings, f"llm_{name}")
+        for name in LlmConfig.model_fields
+        if f"llm_{name}" in AgentSettings.model_fields
+    }
+    resolved = {"api": api, "base_url": url, "model": chosen_model, "api_key_env": key_env}
+    config = LlmConfig.model_validate(configured | resolved)
     if api_key(config, settings) is None and not is_private_url(url):
         where = f"${key_env}" if key_env else f"${ENV_KEY[api]}"
         return LlmFailure(
@@ -97,16 +96,6 @@ def is_private_url(url: str) -> bool:
 
 
 def make_chat_client(config: LlmConfig, settings: AgentSettings) -> ChatClient:
-    key = api_key(config, settings)
     hint = f" (${config.api_key_env})" if config.api_key_env else ""
     kind = AnthropicMessagesClient if config.api == "anthropic" else OpenAIChatClient
-    return kind(
-        config.base_url,
-        config.model,
-        key,
-        max_tokens=config.max_tokens,
-        temperature=config.temperature,
-        timeout_s=config.timeout_s,
-        max_retries=config.max_retries,
-        key_hint=hint,
-    )
+    return kind(config, api_key(config, settings), key_hint=hint)

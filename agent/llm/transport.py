@@ -7,8 +7,9 @@ from typing import Any
 
 import httpx
 
-from kernelloop.agent.llm.types import LlmFailure
-from kernelloop.agent.retrying import Answer, RetryPolicy, send_with_retries
+from kernelloop.agent.llm.types import FailureKind, LlmFailure
+from kernelloop.agent.models import LlmConfig
+from kernelloop.agent.retrying import Answer, NoResponse, RetryPolicy, json_object, send_with_retries
 
 
 async def post_json(
@@ -32,69 +33,50 @@ async def post_json(
     return result
 
 
+NO_RESPONSE_FIXES: dict[NoResponse, str] = {
+    "timeout": "a slow or overloaded server: try again, or raise the timeout",
+    "unreachable": "check the base URL (--base-url) and that the server is running",
+}
+
+
 def _read(answer: Answer, url: str, what: str, key_hint: str) -> dict[str, Any] | LlmFailure:
     response = answer.response
-    if isinstance(answer.error, httpx.TimeoutException):
-        return LlmFailure(
-            kind="timeout",
-            message=f"{what} at {url} did not answer in time ({type(answer.error).__name__})",
-            fix="a slow or overloaded server: try again, or raise the timeout",
-        )
-    if answer.error is not None or response is None:
-        return LlmFailure(
-            kind="unreachable",
-            message=f"{what} at {url} is unreachable: {type(answer.error).__name__}: {answer.error}",
-            fix="check the base URL (--base-url) and that the server is running",
-        )
+    if response is None:
+        kind, error = answer.no_response()
+        return LlmFailure(kind=kind, message=f"{what} at {url} {error}", fix=NO_RESPONSE_FIXES[kind])
     if response.status_code < 400:
-        try:
-            data = response.json()
-        except ValueError:
-            return LlmFailure(
-                kind="bad_response",
-                status_code=response.status_code,
-                message=f"{what} answered with something that is not JSON: {response.text[:200]!r}",
-                fix="is the base URL an OpenAI-compatible (or Anthropic) API? it usually ends in /v1",
+        data = json_object(response)
+        if data is None:
+            return LlmFailure.unreadable(
+                response,
+                f"{what} answered with something that is not a JSON object: {response.text[:200]!r}",
+                "is the base URL an OpenAI-compatible (or Anthropic) API? it usually ends in /v1",
             )
-        if not isinstance(data, dict):
-            return LlmFailure(kind="bad_response", message=f"{what} answered JSON that is not an object")
         return data
-    detail = _error_detail(response)
-    if response.status_code in (401, 403):
-        return LlmFailure(
-            kind="auth",
-            status_code=response.status_code,
-            message=f"{what} refused the request ({response.status_code}): {detail}",
-            fix=f"check the API key{key_hint}",
-        )
-    if response.status_code == 429:
-        return LlmFailure(
-            kind="rate_limited",
-            status_code=429,
-            message=f"{what} is rate limiting (429): {detail}",
-            fix="wait, lower --parallel, or use a higher rate limit",
-        )
-    if response.status_code >= 500:
-        return LlmFailure(
-            kind="server_error",
-            status_code=response.status_code,
-            message=f"{what} failed ({response.status_code}): {detail}",
-            fix="the model server is having trouble: try again later",
-        )
-    return LlmFailure(
-        kind="bad_request",
-        status_code=response.status_code,
-        message=f"{what} rejected the request ({response.status_code}): {detail}",
-        fix="check --model and that the server supports tool calling",
-    )
+    return _refusal(response, what, key_hint)
+
+
+def _refusal(response: httpx.Response, what: str, key_hint: str) -> LlmFailure:
+    """What a 4xx or 5xx answer means, and what to do about it."""
+    code = response.status_code
+    kind: FailureKind
+    if code in (401, 403):
+        kind, did, fix = "auth", "refused the request", f"check the API key{key_hint}"
+    elif code == 429:
+        kind, did, fix = "rate_limited", "is rate limiting", "wait, lower --parallel, or use a higher rate limit"
+    elif code >= 500:
+        kind, did, fix = "server_error", "failed", "the model server is having trouble: try again later"
+    else:
+        kind, did = "bad_request", "rejected the request"
+        fix = "check --model and that the server supports tool calling"
+    return LlmFailure(kind=kind, status_code=code, message=f"{what} {did} ({code}): {_error_detail(response)}", fix=fix)
 
 
 def _error_detail(response: httpx.Response) -> str:
-    try:
-        data = response.json()
-    except ValueError:
+    data = json_object(response)
+    if data is None:
         return response.text[:300] or response.reason_phrase
-    error = data.get("error") if isinstance(data, dict) else None
+    error = data.get("error")
     if isinstance(error, dict):
         return str(error.get("message") or error)[:300]
     if isinstance(error, str):
@@ -106,24 +88,12 @@ class HttpLlmClient:
     """What every model API client shares: connection settings, the retrying POST, and closing.
     Subclasses say only how a conversation is written for their API and how the reply is read."""
 
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        api_key: str | None,
-        *,
-        max_tokens: int = 8192,
-        temperature: float | None = None,
-        timeout_s: float = 300.0,
-        max_retries: int = 5,
-        base_delay_s: float = 1.0,
-        key_hint: str = "",
-    ):
-        self.base_url = base_url.rstrip("/")
-        self.model, self.api_key = model, api_key
-        self.max_tokens, self.temperature = max_tokens, temperature
-        self.max_retries, self.base_delay_s, self.key_hint = max_retries, base_delay_s, key_hint
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0))
+    def __init__(self, config: LlmConfig, api_key: str | None, *, base_delay_s: float = 1.0, key_hint: str = ""):
+        self.base_url = config.base_url.rstrip("/")
+        self.model, self.api_key = config.model, api_key
+        self.max_tokens, self.temperature = config.max_tokens, config.temperature
+        self.max_retries, self.base_delay_s, self.key_hint = config.max_retries, base_delay_s, key_hint
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout_s, connect=30.0))
 
     async def _post(self, path: str, body: dict[str, Any], headers: dict[str, str], what: str) -> Any:
         """The parsed JSON answer, or an LlmFailure once retries are spent or the error is final."""

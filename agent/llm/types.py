@@ -10,6 +10,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from kernelloop.agent.retrying import CallFailure
+
 
 class ToolCall(BaseModel):
     id: str
@@ -55,14 +57,8 @@ FailureKind = Literal[
 ]
 
 
-class LlmFailure(BaseModel):
+class LlmFailure(CallFailure):
     kind: FailureKind
-    message: str
-    fix: str = ""
-    status_code: int | None = None
-
-    def __str__(self) -> str:
-        return self.message + (f"; {self.fix}" if self.fix else "")
 
 
 class ChatClient(Protocol):

@@ -24,7 +24,7 @@ from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, resume_run, start_run
 from kernelloop.agent.service_client import ServiceClient
 from kernelloop.agent.settings import AgentSettings
-from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
+from kernelloop.cli.client_setup import client_settings, open_service
 from kernelloop.tools.problems import PRECISIONS
 
 RunWork = Callable[[ServiceClient, bool], Awaitable[RunSummary | RunRefused]]
@@ -75,19 +75,15 @@ def _with_service(args: argparse.Namespace, settings: AgentSettings, progress: P
 
 def _serve_and_work(args: argparse.Namespace, settings: AgentSettings, progress: Progress, work: RunWork) -> int:
     with ExitStack() as stack:
-        served = open_service("agent", args, settings, stack)
+        served = open_service("agent", settings, stack)
         if served is None:
             return 2
-        server, embedded = served
-        if embedded is not None and embedded.info is not None:
-            progress.note(f"service embedded at {embedded.url} (database {embedded.info.database})")
-        local = embedded is not None or _is_loopback(server)
-        token = bearer_token(settings)
+        if served.embedded is not None and served.embedded.info is not None:
+            progress.note(f"service embedded at {served.embedded.url} (database {served.embedded.info.database})")
+        local = served.embedded is not None or _is_loopback(served.url)
 
         async def main() -> RunSummary | RunRefused:
-            async with ServiceClient(
-                server, token=token, reconnect_s=settings.reconnect_s, on_note=progress.note
-            ) as client:
+            async with served.client(reconnect_s=settings.reconnect_s, on_note=progress.note) as client:
                 return await work(client, local)
 
         try:

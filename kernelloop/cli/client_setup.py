@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
+from kernelloop.agent.service_client import ServiceClient
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.cli.embedded import EmbeddedService, EmbeddedServiceError, serve_unless_given
 
@@ -23,17 +26,25 @@ def client_settings(args: argparse.Namespace) -> AgentSettings:
     return AgentSettings(**given)  # type: ignore[arg-type]
 
 
-def bearer_token(settings: AgentSettings) -> str | None:
-    return settings.api_token.get_secret_value() if settings.api_token else None
+@dataclass(frozen=True)
+class OpenService:
+    """The service a command talks to: its URL, its token, and the embedded service when one was started."""
+
+    url: str
+    token: str | None
+    embedded: EmbeddedService | None
+
+    def client(self, *, reconnect_s: float = 0.0, on_note: Callable[[str], None] | None = None) -> ServiceClient:
+        return ServiceClient(self.url, token=self.token, reconnect_s=reconnect_s, on_note=on_note)
 
 
-def open_service(
-    command: str, args: argparse.Namespace, settings: AgentSettings, stack: ExitStack
-) -> tuple[str, EmbeddedService | None] | None:
-    """The service's URL (and the embedded service, when one was started for `stack`'s life); None after
+def open_service(command: str, settings: AgentSettings, stack: ExitStack) -> OpenService | None:
+    """The service for `command` (one embedded for `stack`'s life unless the settings name one); None after
     printing why the embedded service could not start (the command then exits 2)."""
     try:
-        return serve_unless_given(settings.server_url, settings.data_dir, stack)
+        url, embedded = serve_unless_given(settings.server_url, settings.data_dir, stack)
     except EmbeddedServiceError as exc:
         print(f"kernelloop {command}: {exc}", file=sys.stderr)
         return None
+    token = settings.api_token.get_secret_value() if settings.api_token else None
+    return OpenService(url, token, embedded)

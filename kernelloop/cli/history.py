@@ -96,18 +96,9 @@ def _history_run(args: argparse.Namespace, reader: HistoryReader) -> int:
 
 
 def _history_attempts(args: argparse.Namespace, reader: HistoryReader) -> int:
-    f = AttemptFilter(
-        problem=args.problem,
-        run_id=args.run,
-        status=AttemptStatus(args.status) if args.status else None,
-        backend=args.backend,
-        min_speedup=args.min_speedup,
-        sort=args.sort,
-        order=args.order,
-        limit=args.limit,
-        offset=args.offset,
-    )
-    page = reader.attempts(f)
+    flags = vars(args)  # the flags of `history attempts` are the filter's fields, by name
+    wanted = {name: flags[name] for name in AttemptFilter.model_fields.keys() & flags.keys()}
+    page = reader.attempts(AttemptFilter.model_validate(wanted))
     if args.json:
         _print_json(page)
         return 0
@@ -223,7 +214,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
     attempts = sub.add_parser("attempts", help="attempts, filtered and sorted")
     attempts.add_argument("--problem")
-    attempts.add_argument("--run", type=int, help="only this run's attempts")
+    attempts.add_argument("--run", dest="run_id", type=int, help="only this run's attempts")
     attempts.add_argument("--status", choices=[s.value for s in AttemptStatus])
     attempts.add_argument("--backend", choices=["cuda", "cpu"])
     attempts.add_argument("--min-speedup", type=float)

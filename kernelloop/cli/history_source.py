@@ -13,7 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from kernelloop.agent.service_transport import rejected
+from kernelloop.agent.service_connection import rejected
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.cli.common import service_settings
 from kernelloop.contract import (

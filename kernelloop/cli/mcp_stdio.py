@@ -16,8 +16,9 @@ from typing import TypeVar
 import anyio
 
 from kernelloop import contract
-from kernelloop.agent.service_client import ServiceClient, ServiceFailure
-from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
+from kernelloop.agent.service_client import ServiceClient
+from kernelloop.agent.service_connection import ServiceFailure
+from kernelloop.cli.client_setup import client_settings, open_service
 from kernelloop.server.mcp_tools import Refused, ServiceCalls, build_mcp_server, refusal
 from kernelloop.tools.phase_registry import ToolName
 from kernelloop.tools.results import Backend
@@ -65,17 +66,14 @@ def _answered(answer: T | ServiceFailure, argument: str | None = None) -> T:
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = client_settings(args)
-    token = bearer_token(settings)
     with ExitStack() as stack:
-        served = open_service("mcp", args, settings, stack)
+        served = open_service("mcp", client_settings(args), stack)
         if served is None:
             return 2
-        url = served[0]
 
         @asynccontextmanager
         async def connect() -> AsyncIterator[ServiceCalls]:
-            async with ServiceClient(url, token=token) as client:
+            async with served.client() as client:
                 yield OverHttp(client)
 
         anyio.run(build_mcp_server(connect).run_stdio_async)

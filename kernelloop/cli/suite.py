@@ -17,9 +17,9 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from kernelloop.agent.service_client import ServiceClient, ServiceFailure
+from kernelloop.agent.service_connection import ServiceFailure
 from kernelloop.agent.suite import SuiteOutcome, plan_suite, run_suite
-from kernelloop.cli.client_setup import bearer_token, client_settings, open_service
+from kernelloop.cli.client_setup import client_settings, open_service
 from kernelloop.contract import FAST_P_THRESHOLDS, SuitePublic
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import POLICY_CHOICES, PRECISIONS, ProblemError, problem_name
@@ -118,13 +118,12 @@ def _run(args: argparse.Namespace) -> int:
     settings = client_settings(args)
     options = suite_options(args)
     with ExitStack() as stack:
-        served = open_service("suite", args, settings, stack)
+        served = open_service("suite", settings, stack)
         if served is None:
             return 2
-        server, token = served[0], bearer_token(settings)
 
         async def main() -> SuiteOutcome | ServiceFailure:
-            async with ServiceClient(server, token=token) as client:
+            async with served.client() as client:
                 return await run_suite(
                     client,
                     plan,

@@ -20,7 +20,15 @@ from kernelloop.agent.llm.anthropic_messages import AnthropicMessagesClient, to_
 from kernelloop.agent.llm.factory import is_private_url, resolve_llm_config
 from kernelloop.agent.llm.openai_chat import OpenAIChatClient
 from kernelloop.agent.llm.types import ChatMessage, LlmFailure, ToolCall, ToolDefinition
-from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, outcome_fields, status_text
+from kernelloop.agent.models import (
+    AgentRunConfig,
+    LlmConfig,
+    Outcome,
+    Proposal,
+    ProposerDone,
+    outcome_fields,
+    status_text,
+)
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.proposers.base import LoopView
 from kernelloop.agent.proposers.replay import TranscriptError, parse_transcript
@@ -447,7 +455,9 @@ def test_openai_client_retries_and_reads_tool_calls() -> None:
     with ScriptedChatServer(script, api_key="sk-test") as llm:
 
         async def ask() -> object:
-            client = OpenAIChatClient(llm.base_url, "m", "sk-test", max_retries=3, base_delay_s=0.05)
+            client = OpenAIChatClient(
+                LlmConfig(base_url=llm.base_url, model="m", max_retries=3), "sk-test", base_delay_s=0.05
+            )
             try:
                 return await client.complete([ChatMessage(role="user", content="hi")], [TOOL])
             finally:
@@ -468,7 +478,10 @@ def test_wrong_key_and_dead_server_fail_with_what_to_do() -> None:
 
         async def ask(url: str) -> object:
             client = OpenAIChatClient(
-                url, "m", "wrong", max_retries=1, base_delay_s=0.05, key_hint=" ($OPENAI_API_KEY)"
+                LlmConfig(base_url=url, model="m", max_retries=1),
+                "wrong",
+                base_delay_s=0.05,
+                key_hint=" ($OPENAI_API_KEY)",
             )
             try:
                 return await client.complete([ChatMessage(role="user", content="hi")], [TOOL])
@@ -505,7 +518,9 @@ def test_anthropic_adapter_round_trip() -> None:
     with ScriptedChatServer(script, api_key="ak") as llm:
 
         async def ask() -> object:
-            client = AnthropicMessagesClient(llm.anthropic_base_url, "claude-x", "ak", max_retries=0)
+            client = AnthropicMessagesClient(
+                LlmConfig(api="anthropic", base_url=llm.anthropic_base_url, model="claude-x", max_retries=0), "ak"
+            )
             try:
                 return await client.complete(history, [TOOL])
             finally:

@@ -35,10 +35,9 @@ from kernelloop.tools.judge.session import (
     mutated,
     poison,
     prepare,
-    redraws,
-    reference_model,
     reference_on,
     reference_outputs,
+    seeded_reference,
     selected,
     set_precision_policy,
     share,
@@ -182,11 +181,8 @@ class _ShapeSetup:
 
 
 def _shape_setup(session: Session, shape: ShapeSpec) -> _ShapeSetup:
-    model_seed = session.seeds.model_seed(session.seeds.draw())
+    reference, model_seed, drawn = seeded_reference(session, shape)
     with reference_on(shape):
-        torch.manual_seed(model_seed)
-        reference = reference_model(session, shape)
-        drawn = redraws(session, shape)
         input_sets = [drawn.first_set(), drawn.next_set()]
         if drawn.pooled:  # the two sets must not share storage: each has its own shared buffers
             input_sets[1] = candidate.clone_inputs(input_sets[1])

@@ -33,10 +33,9 @@ from kernelloop.tools.judge.session import (
     as_failure,
     harness_failure,
     prepare,
-    redraws,
-    reference_model,
     reference_on,
     reference_outputs,
+    seeded_reference,
     selected,
     set_precision_policy,
     share,
@@ -137,11 +136,9 @@ class ProfiledShape:
 
 def _shape_setup(session: Session, shape: ShapeSpec) -> ProfiledShape:
     """The shape's input set, outputs and reference (`ProfiledShape`)."""
-    model_seed = session.seeds.model_seed(session.seeds.draw())
+    reference, model_seed, drawn = seeded_reference(session, shape)
     with reference_on(shape):
-        torch.manual_seed(model_seed)
-        reference = reference_model(session, shape)
-        inputs = redraws(session, shape).first_set()
+        inputs = drawn.first_set()
     return ProfiledShape(shape, inputs, reference_outputs(reference, inputs, shape), model_seed, reference)
 
 

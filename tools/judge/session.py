@@ -263,6 +263,15 @@ def redraws(session: Session, shape: ShapeSpec) -> problem_inputs.Redraws:
     )
 
 
+def seeded_reference(session: Session, shape: ShapeSpec) -> tuple[torch.nn.Module, int, problem_inputs.Redraws]:
+    """The reference of `shape` built under a fresh model seed (the runner is told it, to build the candidate with
+    the same parameters), the seed, and the redraws of the shape's inputs; a failure is the judge's side."""
+    model_seed = session.seeds.model_seed(session.seeds.draw())
+    with reference_on(shape):
+        torch.manual_seed(model_seed)
+        return reference_model(session, shape), model_seed, redraws(session, shape)
+
+
 # ---- the buffers shared with the runner ---------------------------------------------------------------------
 
 

@@ -10,7 +10,8 @@ I/O-priority and resource-limit changes of the judge; tracing and cross-process 
 judge's process group (from where `kill(0, ...)` would reach it). The runner takes a process group of its own
 first. (Builds need `setpgid` and `setsid` otherwise: ninja starts each compiler in a group of its own.)
 
-Numbers are those of x86_64 and aarch64; any other ABI is killed (a 32-bit call cannot slip past the table).
+Numbers are those of x86_64 and aarch64, from the sandbox's one table (`SYSCALL_NUMBERS`); any other ABI is
+killed (a 32-bit call cannot slip past the table).
 """
 
 from __future__ import annotations
@@ -23,24 +24,7 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
-from kernelloop.tools.sandbox.seccomp import AUDIT_ARCH, X32_SYSCALL_BIT
-
-SYSCALLS: dict[str, dict[str, int]] = {
-    "x86_64": {
-        "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
-        "pidfd_send_signal": 424, "pidfd_open": 434, "setpriority": 141, "sched_setaffinity": 203,
-        "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314, "prlimit64": 302,
-        "ioprio_set": 251, "setpgid": 109, "ptrace": 101, "process_vm_readv": 310,
-        "process_vm_writev": 311,
-    },
-    "aarch64": {
-        "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
-        "pidfd_send_signal": 424, "pidfd_open": 434, "setpriority": 140, "sched_setaffinity": 122,
-        "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274, "prlimit64": 261,
-        "ioprio_set": 30, "setpgid": 154, "ptrace": 117, "process_vm_readv": 270,
-        "process_vm_writev": 271,
-    },
-}  # fmt: skip
+from kernelloop.tools.sandbox.seccomp import AUDIT_ARCH, SYSCALLS, X32_SYSCALL_BIT
 
 # classic BPF (linux/filter.h) and seccomp (linux/seccomp.h)
 LD_W_ABS, JEQ_K, JGE_K, JA, RET_K = 0x20, 0x15, 0x35, 0x05, 0x06

@@ -22,26 +22,28 @@ REFUSED = (
     "syslog", "acct", "io_uring_setup", "io_uring_enter", "io_uring_register",
 )  # fmt: skip
 
-SYSCALLS: dict[str, dict[str, int]] = {
-    "x86_64": {
-        "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "open_tree": 428, "move_mount": 429,
-        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "mount_setattr": 442, "unshare": 272, "setns": 308,
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "keyctl": 250, "add_key": 248,
-        "request_key": 249, "bpf": 321, "perf_event_open": 298, "init_module": 175, "finit_module": 313,
-        "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "reboot": 169, "swapon": 167,
-        "swapoff": 168, "open_by_handle_at": 304, "name_to_handle_at": 303, "userfaultfd": 323, "syslog": 103,
-        "acct": 163, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-    },
-    "aarch64": {
-        "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "open_tree": 428, "move_mount": 429,
-        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "mount_setattr": 442, "unshare": 97, "setns": 268,
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "keyctl": 219, "add_key": 217,
-        "request_key": 218, "bpf": 280, "perf_event_open": 241, "init_module": 105, "finit_module": 273,
-        "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294, "reboot": 142, "swapon": 224,
-        "swapoff": 225, "open_by_handle_at": 265, "name_to_handle_at": 264, "userfaultfd": 282, "syslog": 116,
-        "acct": 89, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-    },
+SYSCALL_NUMBERS: dict[str, tuple[int, int]] = {
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51), "open_tree": (428, 428),
+    "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432),
+    "mount_setattr": (442, 442), "unshare": (272, 97), "setns": (308, 268), "ptrace": (101, 117),
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "keyctl": (250, 219), "add_key": (248, 217),
+    "request_key": (249, 218), "bpf": (321, 280), "perf_event_open": (298, 241), "init_module": (175, 105),
+    "finit_module": (313, 273), "delete_module": (176, 106), "kexec_load": (246, 104), "kexec_file_load": (320, 294),
+    "reboot": (169, 142), "swapon": (167, 224), "swapoff": (168, 225), "open_by_handle_at": (304, 265),
+    "name_to_handle_at": (303, 264), "userfaultfd": (323, 282), "syslog": (103, 116), "acct": (163, 89),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427), "kill": (62, 129),
+    "tkill": (200, 130), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240),
+    "pidfd_send_signal": (424, 424), "pidfd_open": (434, 434), "setpriority": (141, 140),
+    "sched_setaffinity": (203, 122), "sched_setscheduler": (144, 119), "sched_setparam": (142, 118),
+    "sched_setattr": (314, 274), "prlimit64": (302, 261), "ioprio_set": (251, 30), "setpgid": (109, 154),
 }  # fmt: skip
+"""(x86_64, aarch64) of every call either filter names, this one's REFUSED and the runner's guard's: a row per
+call, so no call has a number on one ABI and none on the other"""
+ABIS = ("x86_64", "aarch64")
+SYSCALLS: dict[str, dict[str, int]] = {
+    abi: {name: numbers[column] for name, numbers in SYSCALL_NUMBERS.items()} for column, abi in enumerate(ABIS)
+}
+"""each ABI's numbers, by name"""
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 X32_SYSCALL_BIT = 0x40000000
 

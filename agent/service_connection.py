@@ -1,7 +1,9 @@
-"""The agent's connection to the kernelloop service: one httpx pool, each request retried (a dropped connection, a
-429, a 5xx) and its answer parsed into the API's model, or a `ServiceFailure` that says what happened and what to
-do. With `reconnect_s`, a service that does not answer at all (stopped, restarting) is waited for that long, the
-wait reported through `on_note`. `kernelloop.agent.service_client` speaks the API's endpoints over it.
+"""The agent's connection to the kernelloop service: one httpx pool, the retry policy, and every call's answer
+parsed into the API's model or turned into a `ServiceFailure` that says what happened and what to do.
+
+A dropped connection, a 429 or a 5xx is retried a few times first. With `reconnect_s`, a service that does not
+answer at all (stopped, restarting) is waited for that long, the wait reported through `on_note`, so a service
+that restarts under a run does not end it. The calls themselves, by resource, are `kernelloop.agent.service_client`'s.
 """
 
 from __future__ import annotations
@@ -9,47 +11,45 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import httpx
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-from kernelloop.agent.retrying import Answer, RetryPolicy, send_with_retries
+from kernelloop.agent.retrying import Answer, CallFailure, NoResponse, RetryPolicy, json_object, send_with_retries
 from kernelloop.contract import ErrorBody
 
 AnswerT = TypeVar("AnswerT")
 OUTAGE_NOTE_EVERY_S = 30.0
 """how often a wait for a service that does not answer says it is still waiting"""
+NO_RESPONSE_FIXES: dict[NoResponse, str] = {
+    "timeout": "the service is overloaded or hung: check its log, then resume the run",
+    "unreachable": "start it (kernelloop serve) or leave out --server to run one embedded",
+}
 
 
-class ServiceFailure(BaseModel):
+class ServiceFailure(CallFailure):
     """A call to the service that did not succeed."""
 
     kind: Literal["unreachable", "rejected", "server_error", "bad_response", "timeout"]
-    message: str
-    fix: str = ""
-    status_code: int | None = None
     body: ErrorBody | None = None
     """a refusal's ErrorBody, as the service sent it"""
 
-    def __str__(self) -> str:
-        return self.message + (f"; {self.fix}" if self.fix else "")
 
-
-class ServiceTransport:
-    """One service, one httpx connection pool, and the outage its calls are waiting out."""
+class ServiceConnection:
+    """One service, one httpx connection pool. Use `async with`; the pool closes on the way out."""
 
     def __init__(
         self,
         base_url: str,
         *,
-        token: str | None,
-        retries: int,
-        request_timeout_s: float,
-        reconnect_s: float,
-        on_note: Callable[[str], None] | None,
-        transport: httpx.AsyncBaseTransport | None,
+        token: str | None = None,
+        retries: int = 4,
+        poll_s: float = 0.5,
+        request_timeout_s: float = 60.0,
+        reconnect_s: float = 0.0,
+        on_note: Callable[[str], None] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -57,17 +57,20 @@ class ServiceTransport:
             base_url=self.base_url, headers=headers, timeout=request_timeout_s, transport=transport
         )
         self.retry_policy = RetryPolicy(retries=retries, base_delay_s=0.5, max_backoff_s=8.0, outage_s=reconnect_s)
+        self.poll_s = poll_s
         self.on_note = on_note
         self._outage_since: float | None = None
         """when the current outage began (as any call saw it first), None while the service answers"""
         self._outage_noted = 0.0
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
         await self._http.aclose()
-
-    def stream(self, path: str, read_timeout_s: float) -> AbstractAsyncContextManager[httpx.Response]:
-        """A GET whose answer is read as it comes (an event stream), tried once."""
-        return self._http.stream("GET", path, timeout=httpx.Timeout(60.0, read=read_timeout_s))
 
     def stop_waiting(self) -> None:
         """From now on a service that does not answer fails the call at once (a run the user interrupted is marked
@@ -103,7 +106,7 @@ class ServiceTransport:
             )
             self._outage_since = None
 
-    async def call(
+    async def _call(
         self,
         method: str,
         path: str,
@@ -121,21 +124,12 @@ class ServiceTransport:
             self._waiting,
         )
         response = answer.response
-        if response is not None and not answer.unanswered:
+        if response is None:
+            kind, error = answer.no_response()
+            message = f"the service at {self.base_url} ({method} {path}) {error}"
+            return ServiceFailure(kind=kind, message=message, fix=NO_RESPONSE_FIXES[kind])
+        if not answer.unanswered:
             self._answered()
-        if isinstance(answer.error, httpx.TimeoutException):
-            return ServiceFailure(
-                kind="timeout",
-                message=f"{method} {self.base_url}{path} timed out ({type(answer.error).__name__})",
-                fix="the service is overloaded or hung: check its log, then resume the run",
-            )
-        if answer.error is not None or response is None:
-            return ServiceFailure(
-                kind="unreachable",
-                message=f"the service at {self.base_url} did not answer "
-                f"{method} {path}: {type(answer.error).__name__}: {answer.error}".rstrip(": "),
-                fix="start it (kernelloop serve) or leave out --server to run one embedded",
-            )
         if response.status_code >= 500:
             return ServiceFailure(
                 kind="server_error",
@@ -148,20 +142,16 @@ class ServiceTransport:
         try:
             return TypeAdapter(answer_type).validate_json(response.content)
         except ValidationError as exc:
-            return ServiceFailure(
-                kind="bad_response",
-                status_code=response.status_code,
-                message=f"{method} {path} answered something this agent cannot read: {exc.errors()[:1]}",
-                fix="the agent and the service are different versions: update both",
+            return ServiceFailure.unreadable(
+                response,
+                f"{method} {path} answered something this agent cannot read: {exc.errors()[:1]}",
+                "the agent and the service are different versions: update both",
             )
 
 
 def rejected(response: httpx.Response) -> ServiceFailure:
     """A 4xx: the service's ErrorBody names the field and the fix."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = {}
+    body = json_object(response) or {}
     message = body.get("message") or response.text[:300] or response.reason_phrase
     field = f" ({body['field']})" if body.get("field") else ""
     try:

@@ -1,0 +1,70 @@
+"""A run's budget: what it may still spend (steps, seconds) and has spent (tokens too), counted across resumes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from kernelloop.agent.models import AgentRunConfig
+from kernelloop.agent.proposers.base import Proposer
+
+
+class LoopMemory(BaseModel):
+    """Kept in the run's meta under `agent`, for resume."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    proposer_state: dict[str, Any] = {}
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class RunBudget:
+    """What a run may still spend (steps, seconds) and has spent (tokens too), counted across resumes: the
+    `memory` is what a resume starts from."""
+
+    def __init__(self, config: AgentRunConfig, proposer: Proposer, memory: LoopMemory | None = None) -> None:
+        self.config, self.proposer = config, proposer
+        self.memory = memory or LoopMemory()
+        self.reserved = 0
+        """proposals being made: counted against the iterations before they are steps"""
+        self._started = time.monotonic()
+        self._prior_seconds = self.memory.seconds
+        self._prior_tokens = (self.memory.prompt_tokens, self.memory.completion_tokens)
+
+    def reserve(self) -> bool:
+        """Room for one more proposal within the budget (counting proposals already being made)? If so, it is
+        reserved until `release`."""
+        if self.config.iterations is not None and self.memory.steps + self.reserved >= self.config.iterations:
+            return False
+        if self.config.max_run_s is not None and self.seconds() >= self.config.max_run_s:
+            return False
+        self.reserved += 1
+        return True
+
+    def release(self) -> None:
+        self.reserved -= 1
+
+    def seconds(self) -> float:
+        return self._prior_seconds + (time.monotonic() - self._started)
+
+    def tokens(self) -> tuple[int, int]:
+        prompt, completion = self.proposer.token_usage()
+        return self._prior_tokens[0] + prompt, self._prior_tokens[1] + completion
+
+    def remember(self) -> LoopMemory:
+        """The memory, brought up to now (seconds, tokens, the proposer's state)."""
+        self.memory.seconds = self.seconds()
+        self.memory.proposer_state = self.proposer.state()
+        self.memory.prompt_tokens, self.memory.completion_tokens = self.tokens()
+        return self.memory
+
+    def spent(self) -> str | None:
+        """Which limit the run has reached, if any."""
+        if self.config.iterations is not None and self.memory.steps >= self.config.iterations:
+            return f"the iteration budget ({self.config.iterations}) is spent"
+        if self.config.max_run_s is not None and self.seconds() >= self.config.max_run_s:
+            return f"the run's time limit ({self.config.max_run_s:g} s) is spent"
+        return None
