@@ -193,8 +193,8 @@ class SearchPlan:
         return True
 
     def code(self, trial: Trial) -> str:
-        """A trial's candidate file: its template at its point, or the composition of the shapes' winners (the
-        rest of the shapes on the incumbent, else the best template point)."""
+        """A trial's candidate file: its template at its point, or the composition of the shapes' winners (any
+        other call on the best kernel measured that is not itself composed)."""
         if trial.composed_of:
             winners = [
                 (self.shapes[shape], self.code(self.state.trials[key])) for shape, key in trial.composed_of.items()
