@@ -49,7 +49,7 @@ from kernelloop.tools.results import BenchmarkResult, CompileResult, ShapeBenchm
 from kernelloop.tools.runner import candidate
 from kernelloop.tools.runner.messages import Call, Called
 
-CALIBRATION_ROUNDS = 12
+CALIBRATION_CALLS = 12
 # How much shorter than the judge's envelope (less its calibrated overhead) a runner's reported median may be
 # before the timing is `suspicious`. Honest kernels on the H200 left -0.11 to 0.30 ms a call unaccounted for when
 # the overhead was calibrated on calls back to back; later, on a quiet H200, 0.1 to 0.6 ms (five kernels, five
@@ -192,22 +192,46 @@ def _shape_setup(session: Session, shape: ShapeSpec) -> _ShapeSetup:
 
 def _calibrate(session: Session, shape: ShapeSpec) -> float:
     """The envelope's fixed cost for this shape: the judge's wall time around a timed call, less the time the
-    runner reports, measured on the reference in the runner before any candidate code was imported, in rounds
-    exactly like the candidate's (a fresh draw, the judge's own reference timed with the runner stopped, the
-    runner's call, its outputs checked). Calibrated on calls made back to back instead, honest kernels on the
-    H200 left 0.1 to 0.5 ms a call unaccounted for on a quiet machine and up to 0.7 ms under the GPU check's load:
-    the rounds' own work between calls costs the next call's envelope."""
+    runner reports, measured on the reference in the runner before any candidate code was imported.
+
+    On the GPU, in rounds exactly like the candidate's (a fresh draw, the judge's own reference timed with the
+    runner stopped, the runner's call, its outputs checked): calibrated on calls made back to back, honest kernels
+    on the H200 left 0.1 to 0.5 ms a call unaccounted for on a quiet machine and up to 0.7 ms under the GPU
+    check's load, the rounds' own work between calls costing the next call's envelope. On the CPU, on calls back
+    to back: the CPU margin and its widening by the host's load were measured against that calibration, and in
+    rounds a runner whose clock ran at two thirds of its speed passed under a loaded CI host."""
+    if session.device.type == "cuda":
+        return _calibrate_in_rounds(session, shape)
+    return _calibrate_back_to_back(session, shape)
+
+
+def _calibrate_in_rounds(session: Session, shape: ShapeSpec) -> float:
     rounds = _ShapeTiming(session, timing.Clock(session.device), shape, 0.0, runner_model="reference")
     plan = timing.SamplingPlan(
         n_sets=len(rounds.private_sets),
         budget_s=session.step.options.time_budget_s,
-        min_samples=CALIBRATION_ROUNDS,
-        max_samples=CALIBRATION_ROUNDS,
+        min_samples=CALIBRATION_CALLS,
+        max_samples=CALIBRATION_CALLS,
     )
     rounds.measure(plan)
     kept = slice(plan.warmup_rounds, None)
     tally = rounds.tally
     return statistics.median(e - r for e, r in zip(tally.envelope[kept], tally.reported[kept]))
+
+
+def _calibrate_back_to_back(session: Session, shape: ShapeSpec) -> float:
+    clock = timing.Clock(session.device)
+    setup = _shape_setup(session, shape)
+    shared = share(session.device, setup.reference, setup.input_sets, setup.outputs, n_slots=len(setup.input_sets))
+    prepare(session, "reference", shape, setup.model_seed, shared)
+    gaps = []
+    for i in range(CALIBRATION_CALLS):
+        clock.clear()
+        called = session.link.ask(Call(input_set=i % 2, slot=i % 2, timed=True), Called, 120)
+        if called.error or called.elapsed_ms is None:
+            raise Fail(Status.sandbox_error, f"the reference failed in the runner: {called.error}")
+        gaps.append(session.link.last_envelope_ms - called.elapsed_ms)
+    return statistics.median(gaps[2:])
 
 
 @dataclass
