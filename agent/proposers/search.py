@@ -28,7 +28,13 @@ from typing import Any
 
 from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal, ProposerDone, ShapeWinner
 from kernelloop.agent.proposers.base import LoopView
-from kernelloop.agent.proposers.search_plan import PlannedCandidate, SearchPlan, SearchState, shape_winners
+from kernelloop.agent.proposers.search_plan import (
+    PlannedCandidate,
+    SearchPlan,
+    SearchState,
+    done_reason,
+    shape_winners,
+)
 from kernelloop.agent.templates import (
     BaselineKernel,
     KernelTemplate,
@@ -111,7 +117,7 @@ class SearchProposer:
                     continue
                 if not self.plan.plan():
                     self.search_state.phase = "done"
-                    return ProposerDone(reason=self.plan.done_reason())
+                    return ProposerDone(reason=done_reason(self.search_state))
 
     async def observe(self, trajectory: int, proposal: Proposal, outcome: Outcome) -> None:
         async with self._condition:

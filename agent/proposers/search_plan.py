@@ -146,7 +146,7 @@ class SearchPlan:
             if state.rung_members:
                 return True
         if state.phase == "halving":
-            ranked = self._ranked(state.rung_members)
+            ranked = _ranked(self.state.trials, state.rung_members)
             keep = ranked[: math.ceil(len(ranked) / ETA)] if len(ranked) > 1 else ranked
             if len(keep) >= 2:
                 state.rung += 1
@@ -161,48 +161,36 @@ class SearchPlan:
                     )
                 return True
             state.phase = "climb"
-            passed = self._ranked(list(state.trials))
+            passed = _ranked(self.state.trials, list(state.trials))
             state.incumbent = passed[0] if passed else None
         if state.phase == "climb":
-            left = self._left()
+            left = _proposals_left(self.config, self.state)
             if left is not None and left <= max(1, self.config.parallel) and self._plan_composed():
                 return True  # the budget's last steps: the winners of the shapes as one kernel, before it ends
             return self._plan_climb() or self._plan_composed()
         return False
 
     def _plan_composed(self) -> bool:
-        """Queue the kernel that runs each benchmark shape on the point that was fastest there
-        (`kernelloop.agent.dispatch`), where the shapes' winners are several and were not composed before."""
-        winners = {
-            shape: trial.key for shape, trial in shape_winners(self.state.trials).items() if shape in self.shapes
-        }
-        if len(set(winners.values())) < 2:
+        """Queue the kernel composed of the shapes' winners (`composed_trial`), where there is a new one."""
+        trial = composed_trial(self.state.trials, self.shapes)
+        if trial is None:
             return False
-        key = "composed:" + json.dumps(winners, sort_keys=True)
-        if key in self.state.trials:
-            return False
-        parts = "; ".join(f"{shape} <- {self.state.trials[k].label}" for shape, k in winners.items())
-        self.state.trials[key] = Trial(key=key, label=f"composed: {parts}", composed_of=winners)
-        self._enqueue(
-            key,
-            "evaluate",
-            self._budget(max(self.state.rung, 1)),
-            f"search: one kernel that runs each benchmark shape on the point that was fastest there ({parts})",
-            parent_key=self.state.incumbent,
+        self.state.trials[trial.key] = trial
+        budget = self._budget(max(self.state.rung, 1))
+        rationale = (
+            f"search: one kernel that runs each benchmark shape on the point that was fastest there ({trial.label})"
         )
+        self._enqueue(trial.key, "evaluate", budget, rationale, parent_key=self.state.incumbent)
         return True
 
     def code(self, trial: Trial) -> str:
-        """A trial's candidate file: its template at its point, or the composition of the shapes' winners (any
-        other call on the best kernel measured that is not itself composed)."""
+        """A trial's candidate file: its template at its point, the baseline's file, or the composition of the
+        shapes' winners (any other call on the best kernel measured that is not itself composed)."""
+        trials = self.state.trials
         if trial.composed_of:
-            winners = [
-                (self.shapes[shape], self.code(self.state.trials[key])) for shape, key in trial.composed_of.items()
-            ]
-            ranked = [k for k in self._ranked(list(self.state.trials)) if not self.state.trials[k].composed_of]
-            fallback = (
-                self.state.trials[ranked[0]] if ranked else self.state.trials[next(iter(trial.composed_of.values()))]
-            )
+            winners = [(self.shapes[shape], self.code(trials[key])) for shape, key in trial.composed_of.items()]
+            ranked = [key for key in _ranked(trials, list(trials)) if not trials[key].composed_of]
+            fallback = trials[ranked[0] if ranked else next(iter(trial.composed_of.values()))]
             return dispatch.compose(winners, self.code(fallback))
         if trial.key == BASELINE_KEY:
             assert self.baseline is not None
@@ -257,7 +245,7 @@ class SearchPlan:
 
     def _population(self) -> list[tuple[KernelTemplate, Params]]:
         """Rung 0: every template's defaults, then seeded random points, as many as the budget allows."""
-        size = self._population_size()
+        size = _population_size(self.config, self.state)
         chosen: list[tuple[KernelTemplate, Params]] = []
         seen: set[str] = set(self.state.trials)
         for template in self.searchable:
@@ -275,19 +263,6 @@ class SearchPlan:
                 seen.add(key)
         return chosen
 
-    def _population_size(self) -> int:
-        left = self._left()
-        if left is None:
-            return 8
-        # rung 0 of n, re-timings of ~n/2 + n/4 + ..., and the rest for climbing: about a third each
-        return max(2, min(8, left // 3))
-
-    def _left(self) -> int | None:
-        """The proposals the iteration budget has left after those queued; None without a budget."""
-        if self.config.iterations is None:
-            return None
-        return self.config.iterations - self.state.proposals - len(self.state.queue)
-
     def _unseen_points(self) -> list[tuple[KernelTemplate, Params]]:
         """Every valid point not tried yet, in a seeded random order (a fresh order per call keeps it stable)."""
         rng = random.Random(self.config.seed)
@@ -296,10 +271,6 @@ class SearchPlan:
         ]
         rng.shuffle(points)
         return points
-
-    def _ranked(self, keys: list[str]) -> list[str]:
-        scored = [(self.state.trials[k].score, k) for k in keys if k in self.state.trials]
-        return [k for score, k in sorted(((s, k) for s, k in scored if s is not None), key=lambda sk: -sk[0])]
 
     def _budget(self, rung: int) -> float:
         return round(float(self.config.search_time_budget_s * ETA**rung), 3)
@@ -316,9 +287,44 @@ class SearchPlan:
             PlannedCandidate(key=key, tool=tool, time_budget_s=budget, rationale=rationale, parent_key=parent_key)
         )
 
-    def done_reason(self) -> str:
-        tried = sum(1 for t in self.state.trials.values() if t.status != "pending")
-        return f"the search tried every candidate it could reach ({tried} kernels)"
+
+def done_reason(state: SearchState) -> str:
+    tried = sum(1 for t in state.trials.values() if t.status != "pending")
+    return f"the search tried every candidate it could reach ({tried} kernels)"
+
+
+def composed_trial(trials: dict[str, Trial], shapes: dict[str, ShapeSpec]) -> Trial | None:
+    """The kernel that runs each benchmark shape on the kernel that was fastest there (`kernelloop.agent.dispatch`),
+    where the shapes' winners are several and were not composed before; None otherwise."""
+    winners = {shape: trial.key for shape, trial in shape_winners(trials).items() if shape in shapes}
+    if len(set(winners.values())) < 2:
+        return None
+    key = "composed:" + json.dumps(winners, sort_keys=True)
+    if key in trials:
+        return None
+    parts = "; ".join(f"{shape} <- {trials[k].label}" for shape, k in winners.items())
+    return Trial(key=key, label=f"composed: {parts}", composed_of=winners)
+
+
+def _population_size(config: AgentRunConfig, state: SearchState) -> int:
+    left = _proposals_left(config, state)
+    if left is None:
+        return 8
+    # rung 0 of n, re-timings of ~n/2 + n/4 + ..., and the rest for climbing: about a third each
+    return max(2, min(8, left // 3))
+
+
+def _proposals_left(config: AgentRunConfig, state: SearchState) -> int | None:
+    """The proposals the iteration budget has left after those queued; None without a budget."""
+    if config.iterations is None:
+        return None
+    return config.iterations - state.proposals - len(state.queue)
+
+
+def _ranked(trials: dict[str, Trial], keys: list[str]) -> list[str]:
+    """`keys` of the trials that have a score, best first."""
+    scored = [(trials[k].score, k) for k in keys if k in trials]
+    return [k for score, k in sorted(((s, k) for s, k in scored if s is not None), key=lambda sk: -sk[0])]
 
 
 def shape_winners(trials: dict[str, Trial]) -> dict[str, Trial]:
