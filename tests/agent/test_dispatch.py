@@ -8,6 +8,7 @@ import types
 from pathlib import Path
 
 import torch
+from server_fixtures import python_conv
 
 from kernelloop.agent.dispatch import compose
 from kernelloop.reference_problems.causal_conv1d.problem import Model
@@ -19,29 +20,11 @@ from kernelloop.tools.runner.candidate import copy_parameters
 from kernelloop.tools.settings import SandboxSettings
 
 PROBLEM = "causal_conv1d"
-# a causal conv1d in plain PyTorch (taps as shifted matrix products, no convolution operator), marked by MARK
-VARIANT = """
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-MARK = "{mark}"
 
 
-class ModelNew(nn.Module):
-    def __init__(self, in_channels, out_channels, kernel_size, dilation=1, bias=False):
-        super().__init__()
-        self.kernel_size, self.dilation = kernel_size, dilation
-        self.weight = nn.Parameter(torch.randn(out_channels, in_channels, kernel_size))
-        self.bias = nn.Parameter(torch.randn(out_channels)) if bias else None
-
-    def forward(self, x):
-        length = x.shape[-1]
-        padded = F.pad(x, ((self.kernel_size - 1) * self.dilation, 0))
-        taps = [padded[:, :, k * self.dilation : k * self.dilation + length] for k in range(self.kernel_size)]
-        y = sum(torch.einsum("oc,bct->bot", self.weight[:, :, k], tap) for k, tap in enumerate(taps))
-        return y + self.bias[None, :, None] if self.bias is not None else y
-"""
+def variant(mark: str) -> str:
+    """A correct causal conv1d in plain PyTorch (no build), marked by its MARK."""
+    return python_conv(prelude=f"MARK = {mark!r}")
 
 
 def _composed_module(source: str, tmp_path: Path) -> types.ModuleType:
@@ -60,8 +43,8 @@ def _mark(model: torch.nn.Module, index: int) -> str:
 def test_each_shape_runs_on_its_winner_and_any_other_on_the_fallback_with_one_set_of_weights(tmp_path: Path) -> None:
     problem = load_problem(PROBLEM)
     small, bias = problem.shape("small"), problem.shape("bias")
-    source = compose([(small, VARIANT.format(mark="small's")), (bias, VARIANT.format(mark="bias'"))],
-                     fallback=VARIANT.format(mark="the best overall"))  # fmt: skip
+    source = compose([(small, variant("small's")), (bias, variant("bias'"))],
+                     fallback=variant("the best overall"))  # fmt: skip
     composed = _composed_module(source, tmp_path)
 
     for shape, mark in ((small, "small's"), (bias, "bias'"), (problem.shape("odd"), "the best overall")):
@@ -80,7 +63,7 @@ def test_each_shape_runs_on_its_winner_and_any_other_on_the_fallback_with_one_se
 
 def test_the_judge_takes_a_composed_kernel_as_any_submission(session_root: Path) -> None:
     problem = load_problem(PROBLEM)
-    source = compose([(problem.shape("small"), VARIANT.format(mark="a"))], fallback=VARIANT.format(mark="b"))
+    source = compose([(problem.shape("small"), variant("a"))], fallback=variant("b"))
     settings = SandboxSettings(data_dir=session_root / "dispatch-data")
 
     result = api.run_tests(PROBLEM, source, "cpu", EvalOptions(seeds=1), settings=settings)
