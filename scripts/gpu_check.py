@@ -15,7 +15,9 @@ profile the GPU alone (the tests' and the paths' alike), so no timing shares it,
 the CPUs. A row's seconds include its waits for cores and for the GPU.
 
 A line is printed as each step ends; the table (path, phase, verdict, seconds) comes last and is written to
-WORK/gpu_check.json. Exit status 0 when every row passed, 1 when any failed or was not run.
+WORK/gpu_check.json, with where the GPU's time went by the lease's log (WORK/gpu_lease.jsonl: held by one step
+alone, shared by tests, waited for while tests drained, idle). Each command-line result is kept in WORK/results.
+Exit status 0 when every row passed, 1 when any failed or was not run.
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ def run_phase(path: GpuPath, phase: str, data_dir: Path) -> Row:
     except subprocess.TimeoutExpired:
         return report(Row(path.name, phase, "timeout", time.monotonic() - started, f"over {PHASE_TIMEOUT_S:.0f} s"))
     seconds = time.monotonic() - started
+    kept = data_dir.parent / "results" / f"{path.name.replace(' ', '_')}.{phase}.json"
+    kept.parent.mkdir(exist_ok=True)
+    kept.write_text(done.stdout)
     try:
         result = json.loads(done.stdout)
     except ValueError:
@@ -177,11 +182,33 @@ def run_null_sample(kernelbench: Path | None, work: Path) -> Row:
 
 
 def _env(data_dir: Path) -> dict[str, str]:
-    """Every step's environment: its data folder, and one build cache for all of them (the GPU tests' included),
-    so a kernel the command-line paths and the tests both use is built once."""
+    """Every step's environment: its data folder, one build cache for all of them (the GPU tests' included), so a
+    kernel the command-line paths and the tests both use is built once, and the lease's log (set by main)."""
     cache = data_dir.parent / "build-cache"
     return {**os.environ, "KERNELLOOP_DATA_DIR": str(data_dir), "KERNELLOOP_BUILD_CACHE_DIR": str(cache),
             "PYTHONUNBUFFERED": "1"}  # fmt: skip
+
+
+def lease_use(log: Path, step_s: float = 0.1) -> dict[str, float]:
+    """Seconds of the run, by the lease's log, in which the GPU was held by one step alone (`alone`), shared by tests
+    and asked for by none (`shared`), held by tests while a step waited to have it alone (`draining`), or held by
+    nobody (`idle`); and the holds alone, counted."""
+    holds = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
+    if not holds:
+        return {}
+    start = min(h["asked"] for h in holds)
+    use = {"alone": 0.0, "shared": 0.0, "draining": 0.0, "idle": 0.0}
+    for tick in range(int((max(h["released"] for h in holds) - start) / step_s) + 1):
+        now = start + tick * step_s
+        held = [h for h in holds if h["granted"] <= now < h["released"]]
+        waiting_alone = any(h["exclusive"] and h["asked"] <= now < h["granted"] for h in holds)
+        if any(h["exclusive"] for h in held):
+            use["alone"] += step_s
+        elif held:
+            use["draining" if waiting_alone else "shared"] += step_s
+        else:
+            use["idle"] += step_s
+    return {**{k: round(v) for k, v in use.items()}, "holds_alone": sum(h["exclusive"] for h in holds)}
 
 
 def table(rows: list[Row]) -> str:
@@ -206,6 +233,9 @@ def main() -> int:
         print(f"gpu-check: --kernelbench {args.kernelbench}: no level1 folder there (give KernelBench's folder)")
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
+    lease_log = args.work / "gpu_lease.jsonl"
+    lease_log.unlink(missing_ok=True)
+    os.environ["KERNELLOOP_GPU_LEASE_LOG"] = str(lease_log)  # every step's, whoever runs it
     started = time.monotonic()
     print(f"gpu-check on {torch.cuda.get_device_name()}: work folder {args.work}", flush=True)
     data_dir = args.work / "data"
@@ -220,8 +250,10 @@ def main() -> int:
     wall_s = time.monotonic() - started
     print(table(rows))
     failed = [r for r in rows if not r.passed]
+    use = lease_use(lease_log)
     print(f"gpu-check: {len(rows) - len(failed)} of {len(rows)} rows passed in {wall_s:.0f} s")
-    summary = {"wall_s": wall_s, "rows": [asdict(r) for r in rows]}
+    print("gpu-check: the GPU's seconds by its lease: " + ", ".join(f"{k} {v}" for k, v in use.items()))
+    summary = {"wall_s": wall_s, "gpu_lease": use, "rows": [asdict(r) for r in rows]}
     (args.work / "gpu_check.json").write_text(json.dumps(summary, indent=1))
     return 0 if not failed else 1
 

@@ -41,7 +41,10 @@ from kernelloop.tools.settings import SandboxSettings
 # A service starts each lane's next worker ahead (two torch imports), and precompiles torch's headers (minutes of
 # a core); on a 2-core runner both would compete with the tests' own jobs, so services under test do neither
 # unless a test asks (test_worker_start.py, test_header_cache.py). Environments built for subprocesses keep these.
+# The lease's log (scripts/gpu_check.py names one) follows every service a test starts: it is the host's record.
 QUIET_SERVICE_ENV = {"KERNELLOOP_PRESTART_WORKERS": "0", "KERNELLOOP_PRECOMPILED_HEADERS": "false"}
+if os.environ.get("KERNELLOOP_GPU_LEASE_LOG"):
+    QUIET_SERVICE_ENV["KERNELLOOP_GPU_LEASE_LOG"] = os.environ["KERNELLOOP_GPU_LEASE_LOG"]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # the Ray tests' cluster reports nowhere
 for _name, _value in QUIET_SERVICE_ENV.items():
     os.environ.setdefault(_name, _value)

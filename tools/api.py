@@ -264,7 +264,8 @@ def _on_the_gpu(
     @contextmanager
     def lease() -> Iterator[None]:
         wait_s = _timeout_s(step, settings)
-        with gpu_lease(settings.worker_gpus, settings.gpu_lease_dir, wait_s, exclusive=exclusive) as seconds:
+        gpus, log, what = settings.worker_gpus, settings.gpu_lease_log, f"{step.phase} {step.problem.name}"
+        with gpu_lease(gpus, settings.gpu_lease_dir, wait_s, exclusive=exclusive, log=log, what=what) as seconds:
             waited.append(seconds)
             yield
 

@@ -126,6 +126,11 @@ class SandboxSettings(BaseSettings):
         "(kernelloop.tools.sandbox.gpu_lease); every service sharing a GPU must name the same folder (default: "
         "kernelloop-gpu-leases in the system's temporary folder)",
     )
+    gpu_lease_log: Path | None = Field(
+        None,
+        description="a file each GPU step's lease is logged to as it ends (asked, granted, released, exclusive or "
+        "shared, the process and step): where the GPU's time went on a shared host; None: no log",
+    )
     worker_gpus: str | None = Field(
         None, description="CUDA_VISIBLE_DEVICES for sandboxed workers ('' hides every GPU); None: inherit"
     )

@@ -4,6 +4,8 @@ no GPU is needed, only the lease's files."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -251,3 +253,39 @@ def test_a_build_that_fails_is_reported_without_waiting_for_the_gpu(tmp_path, gp
     assert result.compile is not None and result.compile.status == Status.compile_error
     assert result.sandbox is not None  # the compile worker's report: how the build ran
     assert result.message.startswith("line 8:"), result.message  # the line of the forward without its colon
+
+
+def test_the_leases_log_says_who_held_the_gpu_how_and_for_what_and_what_the_wait_was(tmp_path, gpu):
+    """The log a shared host reads to see where its GPU went: a benchmark that waited out a test's hold is logged
+    with its wait (asked before granted) and after the test's release, and gpu_check's tally reads the two holds."""
+    log = tmp_path / "holds.jsonl"
+    with gpu_lease(gpu, tmp_path, 30, exclusive=False, log=log, what="test causal_conv1d"):
+        waiter = threading.Thread(target=_hold_alone, args=(gpu, tmp_path, log))
+        waiter.start()
+        time.sleep(1.0)
+    waiter.join()
+    shared, alone = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (shared["what"], shared["exclusive"], alone["what"], alone["exclusive"]) == (
+        "test causal_conv1d",
+        False,
+        "benchmark causal_conv1d",
+        True,
+    )
+    assert alone["asked"] < shared["released"] <= alone["granted"] < alone["released"]
+    assert alone["granted"] - alone["asked"] >= 0.8, "the benchmark's wait for the test is in its line"
+    use = _gpu_check().lease_use(log)
+    assert use["holds_alone"] == 1 and use["draining"] >= 0.5 and use["alone"] >= 0
+
+
+def _hold_alone(gpu: str, folder: Path, log: Path) -> None:
+    with gpu_lease(gpu, folder, 30, exclusive=True, log=log, what="benchmark causal_conv1d"):
+        time.sleep(0.3)
+
+
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[2] / "scripts" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("gpu_check", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

@@ -14,12 +14,17 @@ and benchmarks that queue while the GPU's tests drain run one after another: whe
 soon as it held the GPU, the next one waited out those tests in turn (on the H200's GPU check, some thirty
 benchmarks and profiles each waited out minutes-long memory checks). The price: tests wait while benchmarks keep
 coming. The kernel drops a lock when its holder exits, however it exits, so no lease outlives its process.
+
+Where a log is named (`gpu_lease_log`), each hold adds one line to it as it ends: when it was asked for, granted
+and given back, exclusive or shared, by which process for what. `scripts/gpu_check.py` reads it to say where the
+GPU's time went (held alone, shared, waited for while tests drained, idle).
 """
 
 from __future__ import annotations
 
 import fcntl
 import functools
+import json
 import os
 import tempfile
 import time
@@ -39,10 +44,19 @@ class GpuBusy(RuntimeError):
 
 
 @contextmanager
-def gpu_lease(visible: str | None, lease_dir: Path | None, wait_s: float, *, exclusive: bool) -> Iterator[float]:
+def gpu_lease(
+    visible: str | None,
+    lease_dir: Path | None,
+    wait_s: float,
+    *,
+    exclusive: bool,
+    log: Path | None = None,
+    what: str = "",
+) -> Iterator[float]:
     """Hold the lease of every GPU a worker with CUDA_VISIBLE_DEVICES=`visible` sees (None: the host's setting,
     else every GPU) while inside, `exclusive` or shared; yields the seconds it waited. GpuBusy after `wait_s`
-    without it, or at once when the current step is stopped meanwhile."""
+    without it, or at once when the current step is stopped meanwhile. With a `log`, the hold (of `what`) is
+    added to it as it ends."""
     folder = lease_dir or DEFAULT_LEASE_DIR
     _make_shared_folder(folder)
     deadline = _Deadline(time.monotonic(), wait_s, folder)
@@ -55,7 +69,24 @@ def gpu_lease(visible: str | None, lease_dir: Path | None, wait_s: float, *, exc
                 deadline.wait_until(functools.partial(_try_lock, lease, fcntl.LOCK_EX), gpu)
             else:
                 deadline.wait_until(functools.partial(_share_while_nothing_is_queued, queue, lease), gpu)
-        yield time.monotonic() - deadline.started
+        waited = time.monotonic() - deadline.started
+        if log is not None:  # written before the locks go, as the hold ends
+            held.callback(_log_hold, log, time.time() - waited, time.time(), exclusive, what)
+        yield waited
+
+
+def _log_hold(log: Path, asked: float, granted: float, exclusive: bool, what: str) -> None:
+    """One line of the lease's log, written in one append (lines of processes side by side never interleave)."""
+    hold = {"asked": asked, "granted": granted, "released": time.time(), "exclusive": exclusive, "what": what}
+    line = json.dumps({**hold, "pid": os.getpid()})
+    try:
+        descriptor = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError:
+        return  # a log that cannot be written costs the step nothing
+    try:
+        os.write(descriptor, (line + "\n").encode())
+    finally:
+        os.close(descriptor)
 
 
 def _share_while_nothing_is_queued(queue: int, lease: int) -> bool:
