@@ -383,7 +383,10 @@ class ProfileResult(PhaseResult):
     )
     profiled_ms: float | None = Field(None, description="the kernels' summed durations under the profiler")
     warnings: list[str] = Field([], description="what makes the profile less trustworthy, e.g. times that disagree")
-    tool_seconds: float | None = Field(None, description="the profiler's run, its start and the forwards included")
+    tool_seconds: float | None = Field(
+        None,
+        description="the profiler's run from its start, which boots beside the main runner's forwards, to its exit",
+    )
     tool_log: str = Field(
         "", description="the profiler's output as it wrote it (its lines, then its CSV table), the last 64 KiB"
     )

@@ -15,7 +15,7 @@ import torch
 from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.judge.compiling import load, start
 from kernelloop.tools.judge.expectation import expected_for, judged, take_outputs
-from kernelloop.tools.judge.memory_check import memory_check
+from kernelloop.tools.judge.memory_check import BootedTools, boot_tools, memory_check
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.judge.session import (
     Fail,
@@ -41,6 +41,15 @@ from kernelloop.tools.runner.messages import Call
 
 
 def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
+    booted = boot_tools(job)  # the memory check's runners boot under their tools while the checks run
+    try:
+        return _checked_test(job, link, report, booted)
+    finally:
+        for unused in booted.values():
+            unused.close()
+
+
+def _checked_test(job: WorkerJob, link: RunnerLink, report: Report, booted: BootedTools) -> TestResult:
     compiled, session = start(job, link, report)
     if session is not None:
         compiled = load(session, compiled)
@@ -75,7 +84,7 @@ def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
     _conclude(session, result)
     result.ops_called = sorted(session.ops)
     if result.status == Status.passed:
-        memory_check(session, result)
+        memory_check(session, result, booted)
     return result
 
 

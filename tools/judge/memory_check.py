@@ -35,6 +35,12 @@ What the tools must see, and how they are made to see it:
 - memcheck leaves CUDA API errors out (`--report-api-errors no`): PyTorch probes APIs that may fail by design;
   a kernel's bad access is reported as the access itself.
 
+The tools' runners are started as the test begins (`boot_tools`), each an interpreter and torch under its tool,
+so they boot on the CPUs while the checks run rather than one after another once they have passed (on the H200's
+GPU check the memory check was most of a test's time holding the GPU). Until the check asks one to start, a
+booted runner runs only the runner's own code and has not touched the GPU; the test's last step closes those it
+did not use.
+
 What it does not catch is said in the README ("What the judge guarantees"): one forward on one small shape sees only
 the accesses that run makes, and a submission that recognises the tool can run other code under it (what that
 code computes is still checked).
@@ -45,9 +51,13 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from kernelloop.tools.compilation.diagnostics import excerpt, submitted_line
+from kernelloop.tools.jobs import Step, WorkerJob
 from kernelloop.tools.judge import sanitizer_report
 from kernelloop.tools.judge.compiling import load, start
 from kernelloop.tools.judge.expectation import expected_for, judged, take_outputs
@@ -59,6 +69,7 @@ from kernelloop.tools.judge.session import (
     Fail,
     Session,
     as_failure,
+    device_of,
     forbidden_message,
     poison,
     prepare,
@@ -105,19 +116,42 @@ def tools_for(code: str) -> list[MemoryTool]:
     return [*tools, "initcheck"]
 
 
-def memory_check(session: Session, result: TestResult) -> None:
-    """Run the candidate under each tool in turn; the first that fails decides the test's status. A check that
-    cannot run here (the cpu backend, no compute-sanitizer, turned off) says why and leaves the verdict alone."""
+BootedTools = dict[MemoryTool, RunnerLink]
+"""runners started under their tools ahead of the check, by tool; the check takes each out as it uses it"""
+
+
+def boot_tools(job: WorkerJob) -> BootedTools:
+    """A runner under each tool the job's memory check will run, started now; none where it will not run. A tool
+    that cannot be started here is started again by the check, which then says why it failed."""
+    step, sanitizer = job.step, gpu_tool("compute-sanitizer")
+    if sanitizer is None or skip_reason(step, device_of(job), sanitizer):
+        return {}
+    if not selected(step.problem.correctness_shapes(step.backend), step.options.shapes):
+        return {}  # the test fails on that before any check
+    if too_large(_checked_shape(step)):
+        return {}
+    booted: BootedTools = {}
+    for tool in tools_for(step.code):
+        try:
+            booted[tool] = _tool_link(step.problem.forbidden_libraries, sanitizer, tool)
+        except OSError:
+            break
+    return booted
+
+
+def memory_check(session: Session, result: TestResult, booted: BootedTools) -> None:
+    """Run the candidate under each tool in turn (in the runner `booted` holds for it, else one started now); the
+    first that fails decides the test's status. A check that cannot run here (the cpu backend, no
+    compute-sanitizer, turned off) says why and leaves the verdict alone."""
     check = MemoryCheck()
     result.memory_check = check
     sanitizer = gpu_tool("compute-sanitizer")
-    check.skipped = skip_reason(session, sanitizer)
+    check.skipped = skip_reason(session.step, session.device, sanitizer)
     if check.skipped is not None or sanitizer is None:
         return
     session.link.close()  # the checks are done: the main runner's memory is the runner's under the tool now
     step = session.step
-    shapes = selected(step.problem.correctness_shapes(step.backend), step.options.shapes)
-    shape = min(shapes, key=lambda s: s.check_bytes() or 0)
+    shape = _checked_shape(step)
     check.skipped = too_large(shape)
     if check.skipped is not None:
         return
@@ -127,12 +161,19 @@ def memory_check(session: Session, result: TestResult) -> None:
         result.message = f"memory check: compute-sanitizer {tool} on shape {shape.name}"
         session.report(result)
         with stopwatch(result, f"memory_check.{tool}"):
-            status, message = _run_tool(session, sanitizer, tool, shape, check)
+            link = booted.pop(tool, None)
+            status, message = _run_tool(session, link or sanitizer, tool, shape, check)
         if status != Status.passed:
             result.status, result.message = status, message
             return
     tools = ", ".join(run.tool for run in check.tools)
     result.message = f"{passed_message}; no memory errors under compute-sanitizer ({tools}, shape {shape.name})"
+
+
+def _checked_shape(step: Step) -> ShapeSpec:
+    """The smallest correctness shape the job asked for: the one the tools run on."""
+    shapes = selected(step.problem.correctness_shapes(step.backend), step.options.shapes)
+    return min(shapes, key=lambda s: s.check_bytes() or 0)
 
 
 def too_large(shape: ShapeSpec) -> str | None:
@@ -149,12 +190,12 @@ def too_large(shape: ShapeSpec) -> str | None:
     )
 
 
-def skip_reason(session: Session, sanitizer: str | None) -> str | None:
-    if not session.step.options.memory_check:
+def skip_reason(step: Step, device: torch.device, sanitizer: str | None) -> str | None:
+    if not step.options.memory_check:
         return "turned off (memory_check: false, --no-memory-check)"
-    if session.step.backend != "cuda":
+    if step.backend != "cuda":
         return "the cpu backend: compute-sanitizer checks GPU kernels only"
-    if session.device.type != "cuda":
+    if device.type != "cuda":
         return "no GPU is visible to the judge"
     if sanitizer is None:
         return missing_tool_message("compute-sanitizer")
@@ -162,12 +203,18 @@ def skip_reason(session: Session, sanitizer: str | None) -> str | None:
 
 
 def _run_tool(
-    session: Session, sanitizer: str, tool: MemoryTool, shape: ShapeSpec, check: MemoryCheck
+    session: Session, runner: RunnerLink | str, tool: MemoryTool, shape: ShapeSpec, check: MemoryCheck
 ) -> tuple[Status, str]:
-    """One tool's run: the verdict of the tool's own output first, then that of what ran under it."""
+    """One tool's run, in its booted `runner` or one started now under the sanitizer `runner` names: the verdict
+    of the tool's own output first, then that of what ran under it."""
     assert check.seed is not None
+    started = time.monotonic()
     try:
-        link = _tool_link(session, sanitizer, tool)
+        link = (
+            runner
+            if isinstance(runner, RunnerLink)
+            else _tool_link(session.step.problem.forbidden_libraries, runner, tool)
+        )
     except OSError as exc:
         return Status.sandbox_error, f"compute-sanitizer {tool} could not be started: {exc}"
     deadline = _Deadline(link, TOOL_LIMIT_S)
@@ -188,7 +235,7 @@ def _run_tool(
     check.tools.append(
         MemoryToolRun(
             tool=tool,
-            seconds=run.seconds,
+            seconds=round(time.monotonic() - started, 3),  # a booted runner's wait for its turn is not the tool's
             exit_code=run.returncode,
             errors=report.errors,
             findings_not_printed=report.not_printed,
@@ -284,7 +331,7 @@ def _forward_under_tool(session: Session, link: RunnerLink, shape: ShapeSpec, se
     return verdict
 
 
-def _tool_link(session: Session, sanitizer: str, tool: MemoryTool) -> RunnerLink:
+def _tool_link(forbidden_libraries: Sequence[str], sanitizer: str, tool: MemoryTool) -> RunnerLink:
     wrapper = [
         sanitizer,
         "--tool", tool,
@@ -295,7 +342,7 @@ def _tool_link(session: Session, sanitizer: str, tool: MemoryTool) -> RunnerLink
     ]  # fmt: skip
     return RunnerLink(
         wrapper=wrapper,
-        forbidden_libraries=list(session.step.problem.forbidden_libraries),
+        forbidden_libraries=list(forbidden_libraries),
         environment={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},  # the runner's allocations of their exact size
     )
 

@@ -68,7 +68,19 @@ def profile_phase(job: WorkerJob, link: RunnerLink, report: Report) -> ProfileRe
     if unable or ncu is None:
         result.status, result.message = Status.sandbox_error, unable
         return result
-    shape = shapes[0]
+    # the runner under ncu boots (an interpreter and torch under the tool) while the main runner works
+    booted = RunnerLink(
+        wrapper=ncu_report.ncu_command(ncu, NVTX_RANGE), forbidden_libraries=step.problem.forbidden_libraries
+    )
+    try:
+        return _profiled(job, link, report, result, shapes[0], booted)
+    finally:
+        booted.close()
+
+
+def _profiled(
+    job: WorkerJob, link: RunnerLink, report: Report, result: ProfileResult, shape: ShapeSpec, booted: RunnerLink
+) -> ProfileResult:
     result.shape = shape.name
     compiled, session = start(job, link, report)
     result.compile, result.device = compiled, compiled.device
@@ -91,7 +103,7 @@ def profile_phase(job: WorkerJob, link: RunnerLink, report: Report) -> ProfileRe
         return _failed(result, Status.sandbox_error, harness_failure("the judge failed before profiling", exc))
     link.close()  # the main runner's work is done: the device's memory is the profiled runner's now
     with stopwatch(result, "profile"):
-        tool_run, failure = _profiled_forward(job, profiled, ncu)
+        tool_run, failure = _profiled_forward(job, profiled, booted)
     result.tool_seconds = tool_run.seconds
     if failure is not None and ncu_report.NO_COUNTERS not in tool_run.output:
         result.tool_log = tool_run.output[-TOOL_LOG_CHARS:]
@@ -156,12 +168,10 @@ def _judge_time(session: Session, profiled: ProfiledShape) -> float:
     return round(statistics.median(times), 4)
 
 
-def _profiled_forward(job: WorkerJob, profiled: ProfiledShape, ncu: str) -> tuple[ToolRun, Fail | None]:
-    """A second runner under ncu: the build loaded again (from the cache), a warm-up forward outside the range,
-    one inside it; then ncu's exit and its output, and how the forward failed if it did (ncu's output says
-    more: a host that restricts the counters, a tool that could not start the runner)."""
-    command = ncu_report.ncu_command(ncu, NVTX_RANGE)
-    link = RunnerLink(wrapper=command, forbidden_libraries=job.step.problem.forbidden_libraries)
+def _profiled_forward(job: WorkerJob, profiled: ProfiledShape, link: RunnerLink) -> tuple[ToolRun, Fail | None]:
+    """The second runner, under ncu (`link`): the build loaded again (from the cache), a warm-up forward outside
+    the range, one inside it; then ncu's exit and its output, and how the forward failed if it did (ncu's output
+    says more: a host that restricts the counters, a tool that could not start the runner)."""
     failure: Fail | None = None
     try:
         again, session = start(job, link, lambda _: None)
@@ -177,10 +187,7 @@ def _profiled_forward(job: WorkerJob, profiled: ProfiledShape, ncu: str) -> tupl
         failure = as_failure(exc, "in the forward under ncu")
     except Exception as exc:  # the judge's own side (sharing the inputs)
         failure = Fail(Status.sandbox_error, harness_failure("the judge failed while profiling", exc))
-    try:
-        return link.finish_tool(TOOL_EXIT_S), failure
-    finally:
-        link.close()
+    return link.finish_tool(TOOL_EXIT_S), failure
 
 
 def read_profile(result: ProfileResult, tool_run: ToolRun) -> ProfileResult:
