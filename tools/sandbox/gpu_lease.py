@@ -12,12 +12,11 @@ Benchmarks and profiles go first. Each one, from the moment it asks until it end
 among them); a test starts only while the queue is empty. So a stream of tests cannot keep a benchmark waiting,
 and benchmarks that queue while the GPU's tests drain run one after another: when each let tests in again as
 soon as it held the GPU, the next one waited out those tests in turn (on the H200's GPU check, some thirty
-benchmarks and profiles each waited out minutes-long memory checks). But not for ever: a test that has waited
-STARVING_S says so (a shared lock on the GPU's `starving` file) and goes in at the next gap between benchmarks,
-which wait for it as they wait for any test. Otherwise a chain of steps (an agent's test then bench, again and
-again) waited out every benchmark queued meanwhile at each of its tests: on the H200's GPU check, 85-125 s a test
-while a stream of benchmarks ran. The kernel drops a lock when its holder exits, however it exits, so no lease
-outlives its process.
+benchmarks and profiles each waited out minutes-long memory checks). The price: tests wait while benchmarks keep
+coming. Letting a test that had waited 30 s in between benchmarks was tried on the H200's GPU check and undone: tests
+that had waited were always there, each admitted one made the next benchmark wait out its run, and the GPU spent
+207 of 480 s in such drains (54 of 284 s without), with benchmarks waiting up to 301 s. The kernel drops a lock
+when its holder exits, however it exits, so no lease outlives its process.
 
 Where a log is named (`gpu_lease_log`), each hold adds one line to it as it ends: when it was asked for, granted
 and given back, exclusive or shared, by which process for what. `scripts/gpu_check.py` reads it to say where the
@@ -41,8 +40,6 @@ from kernelloop.tools.sandbox import stop
 
 DEFAULT_LEASE_DIR = Path(tempfile.gettempdir()) / "kernelloop-gpu-leases"
 POLL_S = 0.05
-STARVING_S = 30.0
-"""a test that has waited this long goes in before the benchmarks queued after the one running"""
 
 
 class GpuBusy(RuntimeError):
@@ -68,16 +65,13 @@ def gpu_lease(
     deadline = _Deadline(time.monotonic(), wait_s, folder)
     with ExitStack() as held:
         for gpu in sorted(set(gpu_ids(visible))):  # one order everywhere: two jobs never hold one each
-            queue, lease, starving = (
-                held.enter_context(open(_lease_file(folder, gpu, part), "a")).fileno()
-                for part in ("queue", "lease", "starving")
-            )
+            queue = held.enter_context(open(_lease_file(folder, gpu, "queue"), "a")).fileno()
+            lease = held.enter_context(open(_lease_file(folder, gpu, "lease"), "a")).fileno()
             if exclusive:  # in the queue until the step ends
                 deadline.wait_until(functools.partial(_try_lock, queue, fcntl.LOCK_SH), gpu)
-                deadline.wait_until(functools.partial(_alone_unless_a_test_starves, starving, lease), gpu)
+                deadline.wait_until(functools.partial(_try_lock, lease, fcntl.LOCK_EX), gpu)
             else:
-                deadline.wait_until(functools.partial(_share, queue, lease, starving, deadline), gpu)
-                fcntl.flock(starving, fcntl.LOCK_UN)
+                deadline.wait_until(functools.partial(_share_while_nothing_is_queued, queue, lease), gpu)
         waited = time.monotonic() - deadline.started
         if log is not None:  # written before the locks go, as the hold ends
             held.callback(_log_hold, log, time.time() - waited, time.time(), exclusive, what)
@@ -98,27 +92,15 @@ def _log_hold(log: Path, asked: float, granted: float, exclusive: bool, what: st
         os.close(descriptor)
 
 
-def _share(queue: int, lease: int, starving: int, deadline: _Deadline) -> bool:
+def _share_while_nothing_is_queued(queue: int, lease: int) -> bool:
     """Share the lease if no benchmark or profile is queued: the queue held alone for the moment of asking, so none
-    joins it between the look and the lease. After STARVING_S, say so (`starving`, held until the lease is) and
-    share it whatever is queued, once no step holds it alone."""
-    if time.monotonic() - deadline.started >= STARVING_S and _try_lock(starving, fcntl.LOCK_SH):
-        return _try_lock(lease, fcntl.LOCK_SH)
+    joins it between the look and the lease."""
     if not _try_lock(queue, fcntl.LOCK_EX):
         return False
     try:
         return _try_lock(lease, fcntl.LOCK_SH)
     finally:
         fcntl.flock(queue, fcntl.LOCK_UN)
-
-
-def _alone_unless_a_test_starves(starving: int, lease: int) -> bool:
-    """Hold the lease alone, unless a test that has waited STARVING_S is waiting for it (it goes first; a test that
-    says so a moment after this look waits for this step, one step at most)."""
-    if not _try_lock(starving, fcntl.LOCK_EX):
-        return False
-    fcntl.flock(starving, fcntl.LOCK_UN)
-    return _try_lock(lease, fcntl.LOCK_EX)
 
 
 class _Deadline:
