@@ -192,7 +192,7 @@ def _env(data_dir: Path) -> dict[str, str]:
 def lease_use(log: Path, step_s: float = 0.1) -> dict[str, float]:
     """Seconds of the run, by the lease's log, in which the GPU was held by one step alone (`alone`), shared by tests
     and asked for by none (`shared`), held by tests while a step waited to have it alone (`draining`), or held by
-    nobody (`idle`); and the holds alone, counted."""
+    nobody (`idle`); and the holds alone, counted, and their seconds by phase (benchmark, profile)."""
     holds = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
     if not holds:
         return {}
@@ -208,7 +208,14 @@ def lease_use(log: Path, step_s: float = 0.1) -> dict[str, float]:
             use["draining" if waiting_alone else "shared"] += step_s
         else:
             use["idle"] += step_s
-    return {**{k: round(v) for k, v in use.items()}, "holds_alone": sum(h["exclusive"] for h in holds)}
+    alone = [h for h in holds if h["exclusive"]]
+    by_phase = {phase: round(sum(h["released"] - h["granted"] for h in alone if h["what"].startswith(phase)))
+                for phase in ("benchmark", "profile")}  # fmt: skip
+    return {
+        **{k: round(v) for k, v in use.items()},
+        "holds_alone": len(alone),
+        **{f"alone_{k}": v for k, v in by_phase.items()},
+    }
 
 
 def table(rows: list[Row]) -> str:
