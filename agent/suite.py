@@ -1,9 +1,10 @@
 """A suite from two folders: KernelBench problem files and their solutions, evaluated through the service.
 
 The problems are registered with the service (each checked in its sandbox, a few at a time), the solutions
-matched to them by file name, and the whole set submitted as one suite; the service evaluates the solutions
-on its lanes (builds in parallel on the CPU lanes, tests and benchmarks on the GPU lanes) and records each as
-an attempt. The caller follows the suite until every solution has its verdict.
+matched to them by file name, and submitted as one suite as they register: the suite is made with the first
+and the rest are added as they come; the service evaluates the solutions on its lanes (builds in parallel on
+the CPU lanes, tests and benchmarks on the GPU lanes) and records each as an attempt. The caller follows the
+suite until every solution has its verdict.
 """
 
 from __future__ import annotations
@@ -74,9 +75,12 @@ def registered_name(stem: str, level: str | None = None) -> str:
     return problem_name(f"{level}_{stem}" if level else stem)
 
 
-async def register_all(client: ServiceClient, plan: list[SuiteProblem]) -> dict[str, str]:
-    """Register every problem of the plan (setting each one's `name`, or its `note` when it cannot be);
-    returns the problems that took another name than their file's, file name to registered name."""
+async def register_all(
+    client: ServiceClient, plan: list[SuiteProblem], on_registered: Callable[[SuiteProblem], None] | None = None
+) -> dict[str, str]:
+    """Register every problem of the plan (setting each one's `name`, or its `note` when it cannot be), handing
+    each to `on_registered` as it ends either way; returns the problems that took another name than their
+    file's, file name to registered name."""
     gate = asyncio.Semaphore(REGISTERING_AT_ONCE)
     renamed: dict[str, str] = {}
 
@@ -91,10 +95,14 @@ async def register_all(client: ServiceClient, plan: list[SuiteProblem]) -> dict[
                     problem.name = name
                     if name != problem.path.stem:
                         renamed[f"{problem.level}/{problem.path.name}"] = name
-                    return
-                if answer.status_code != 409:  # not a name taken by another file: another name will not help
                     break
-            problem.note = str(answer)
+                if answer.status_code != 409:  # not a name taken by another file: another name will not help
+                    problem.note = str(answer)
+                    break
+            else:
+                problem.note = str(answer)
+        if on_registered is not None:
+            on_registered(problem)
 
     await asyncio.gather(*(register(p) for p in plan))
     return renamed
@@ -111,15 +119,58 @@ async def run_suite(
     timeout_s: float = 24 * 3600.0,
     resume: int | None = None,
 ) -> SuiteOutcome | ServiceFailure:
-    """Register, submit and follow the suite until every solution has its verdict (or `timeout_s` passes:
-    then the suite as it stands, still running in the service). With `resume`, the suite of that id goes on: its
-    entries are kept (those a stopped service left unfinished are queued again when it starts) and the plan's
-    problems it lacks are added."""
-    renamed = await register_all(client, plan)
-    kept = [p for p in plan if p.name]
-    left_out = [p for p in plan if not p.name]
-    if not kept and resume is None:
-        return SuiteOutcome(suite=None, left_out=left_out, renamed=renamed)
+    """Register the plan's problems and judge their solutions as they register, following the suite until every
+    solution has its verdict (or `timeout_s` passes: then the suite as it stands, still running in the service).
+    The suite is made with the first problems registered and the others are added as they come, so the lanes
+    judge while the next problems are checked: registered first, KernelBench's 250 problems held back every
+    verdict by minutes. With `resume`, the suite of that id goes on: its entries are kept (those a stopped
+    service left unfinished are queued again when it starts) and the plan's problems it lacks are added."""
+    suite: SuitePublic | ServiceFailure | None = None
+    if resume is not None:
+        suite = await client.suite(resume)
+        if isinstance(suite, ServiceFailure):
+            return suite
+    registered: list[SuiteProblem] = []
+    registering = asyncio.ensure_future(register_all(client, plan, registered.append))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            if registered:
+                batch = [p for p in registered if p.name]
+                registered.clear()
+                suite = await _with_entries(client, suite, batch, name, backend, options)
+                if isinstance(suite, ServiceFailure):
+                    return suite
+            if suite is not None and on_update is not None:
+                on_update(suite)
+            all_in = registering.done() and not registered
+            if all_in:
+                registering.result()  # what registering raised, raised here
+            if all_in and (suite is None or suite.status == "finished") or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(POLL_S)
+            if suite is not None:
+                suite = await client.suite(suite.id)
+                if isinstance(suite, ServiceFailure):
+                    return suite
+    finally:
+        registering.cancel()  # the deadline came before every problem was registered
+    for problem in plan:
+        if not problem.name and not problem.note:
+            problem.note = f"not registered within the suite's {timeout_s:.0f} s"
+    renamed = {f"{p.level}/{p.path.name}": p.name for p in plan if p.name and p.name != p.path.stem}
+    return SuiteOutcome(suite=suite, left_out=[p for p in plan if not p.name], renamed=renamed)
+
+
+async def _with_entries(
+    client: ServiceClient,
+    suite: SuitePublic | None,
+    problems: list[SuiteProblem],
+    name: str | None,
+    backend: Backend | None,
+    options: EvalOptions | None,
+) -> SuitePublic | ServiceFailure | None:
+    """The suite with an entry for each of `problems` it lacks: made with them when there is none yet."""
     entries = [
         SuiteEntryCreate(
             problem=p.name,
@@ -127,32 +178,14 @@ async def run_suite(
             solution=p.solution.name if p.solution else None,
             code=p.solution.read_text() if p.solution else None,
         )
-        for p in kept
+        for p in problems
     ]
-    if resume is None:
-        suite = await client.create_suite(SuiteCreate(name=name, backend=backend, options=options, entries=entries))
-    else:
-        suite = await _resumed(client, resume, entries, options)
-    deadline = time.monotonic() + timeout_s
-    while not isinstance(suite, ServiceFailure):
-        if on_update is not None:
-            on_update(suite)
-        if suite.status == "finished" or time.monotonic() > deadline:
-            return SuiteOutcome(suite=suite, left_out=left_out, renamed=renamed)
-        await asyncio.sleep(POLL_S)
-        suite = await client.suite(suite.id)
-    return suite
-
-
-async def _resumed(
-    client: ServiceClient, suite_id: int, entries: list[SuiteEntryCreate], options: EvalOptions | None
-) -> SuitePublic | ServiceFailure:
-    """The suite `suite_id` with the entries it lacks added."""
-    suite = await client.suite(suite_id)
-    if isinstance(suite, ServiceFailure):
-        return suite
+    if suite is None:
+        if not entries:
+            return None
+        return await client.create_suite(SuiteCreate(name=name, backend=backend, options=options, entries=entries))
     have = {e.problem for e in suite.entries}
     missing = [e for e in entries if e.problem not in have]
     if not missing:
         return suite
-    return await client.add_suite_entries(suite_id, SuiteEntriesAdd(options=options, entries=missing))
+    return await client.add_suite_entries(suite.id, SuiteEntriesAdd(options=options, entries=missing))

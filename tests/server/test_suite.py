@@ -13,12 +13,22 @@ import pytest
 
 from kernelloop.agent.runner import _problem, problem_name_for_file
 from kernelloop.agent.service_client import ServiceClient
-from kernelloop.agent.suite import SuiteProblem, find_solution, plan_suite, register_all, registered_name
+from kernelloop.agent.service_connection import ServiceFailure
+from kernelloop.agent.suite import (
+    SuiteOutcome,
+    SuiteProblem,
+    find_solution,
+    plan_suite,
+    register_all,
+    registered_name,
+    run_suite,
+)
 from kernelloop.cli import main
 from kernelloop.cli.embedded import EmbeddedService
-from kernelloop.contract import ProblemDetail
+from kernelloop.contract import ProblemCreate, ProblemDetail, SuitePublic
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage.suites import level_metrics
+from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemError, problem_name, problem_sets
 
 PROBLEM = """
@@ -285,3 +295,50 @@ def test_a_suite_run_in_pieces_keeps_what_it_judged_and_adds_the_rest(
     assert f"suite {first['id']}: level1/1_Wasteful_add_one passed " in first_err, first_err
     assert f"suite {first['id']}: level1/2_Scale wrong_result" in first_err, first_err
     assert unknown_code == 2 and "no suite 999" in unknown_err, unknown_err
+
+
+def test_solutions_are_judged_while_a_later_problem_still_registers(kernelbench_layout, session_root: Path) -> None:
+    """A problem slow to register holds back no other verdict: the suite is made with the first problems
+    registered and the slow one joins it when it comes (registered first, KernelBench's 250 problems held back
+    every verdict by minutes)."""
+    problems, solutions = kernelbench_layout
+    settings = ServiceSettings(data_dir=session_root / "suite-stream", problems_dir=session_root / "stream-problems")
+    snapshots: list[SuitePublic] = []
+
+    async def judge(url: str) -> SuiteOutcome | ServiceFailure:
+        verdict_landed = asyncio.Event()
+
+        def on_update(suite: SuitePublic) -> None:
+            snapshots.append(suite)
+            if any(e.status not in ("pending", "no_solution") for e in suite.entries):
+                verdict_landed.set()
+
+        async with ServiceClient(url) as client:
+            register = client.register_problem
+
+            async def register_when_a_verdict_landed(request: ProblemCreate) -> ProblemDetail | ServiceFailure:
+                if request.name == "1_Relu_then_scale":
+                    await verdict_landed.wait()
+                return await register(request)
+
+            client.register_problem = register_when_a_verdict_landed  # type: ignore[method-assign]
+            plan = plan_suite(problems, solutions)
+            options = EvalOptions(time_budget_s=0.3)
+            suite = run_suite(client, plan, name=None, backend="cpu", options=options, on_update=on_update)
+            return await asyncio.wait_for(suite, timeout=300)
+
+    with EmbeddedService(settings) as service:
+        outcome = asyncio.run(judge(service.url))
+
+    assert isinstance(outcome, SuiteOutcome) and outcome.suite is not None, outcome
+    first = next(s for s in snapshots if any(e.status not in ("pending", "no_solution") for e in s.entries))
+    assert "1_Relu_then_scale" not in {e.problem for e in first.entries}, "the verdict waited for every registration"
+    final = {e.problem: e for e in outcome.suite.entries}
+    assert outcome.suite.status == "finished" and set(final) == {
+        "1_Wasteful_add_one",
+        "2_Scale",
+        "3_Tanh",
+        "1_Relu_then_scale",
+    }
+    assert final["1_Relu_then_scale"].status == "passed" and final["1_Relu_then_scale"].correct
+    assert outcome.left_out == []
