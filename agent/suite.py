@@ -125,11 +125,12 @@ async def run_suite(
     judge while the next problems are checked: registered first, KernelBench's 250 problems held back every
     verdict by minutes. With `resume`, the suite of that id goes on: its entries are kept (those a stopped
     service left unfinished are queued again when it starts) and the plan's problems it lacks are added."""
-    suite: SuitePublic | ServiceFailure | None = None
+    suite: SuitePublic | None = None
     if resume is not None:
-        suite = await client.suite(resume)
-        if isinstance(suite, ServiceFailure):
-            return suite
+        resumed = await client.suite(resume)
+        if isinstance(resumed, ServiceFailure):
+            return resumed
+        suite = resumed
     registered: list[SuiteProblem] = []
     registering = asyncio.ensure_future(register_all(client, plan, registered.append))
     deadline = time.monotonic() + timeout_s
@@ -138,9 +139,10 @@ async def run_suite(
             if registered:
                 batch = [p for p in registered if p.name]
                 registered.clear()
-                suite = await _with_entries(client, suite, batch, name, backend, options)
-                if isinstance(suite, ServiceFailure):
-                    return suite
+                joined = await _with_entries(client, suite, batch, name, backend, options)
+                if isinstance(joined, ServiceFailure):
+                    return joined
+                suite = joined
             if suite is not None and on_update is not None:
                 on_update(suite)
             all_in = registering.done() and not registered
@@ -150,9 +152,10 @@ async def run_suite(
                 break
             await asyncio.sleep(POLL_S)
             if suite is not None:
-                suite = await client.suite(suite.id)
-                if isinstance(suite, ServiceFailure):
-                    return suite
+                now = await client.suite(suite.id)
+                if isinstance(now, ServiceFailure):
+                    return now
+                suite = now
     finally:
         registering.cancel()  # the deadline came before every problem was registered
     for problem in plan:
