@@ -1,6 +1,7 @@
 """The one GPU check: every GPU path of kernelloop run on this machine's GPU, ending with one table.
 
     python scripts/gpu_check.py [--kernelbench DIR] [--work DIR] [--pytest-processes N] [--skip-pytest]
+                                [--stop-after SECONDS]
 
 1. `pytest -m gpu`: the GPU tests (N processes, a test each at a time, work-stealing).
 2. Through the command line (`kernelloop compile|test|bench|profile FILE --backend cuda --json`), four paths:
@@ -17,16 +18,21 @@ the CPUs. A row's seconds include its waits for cores and for the GPU.
 A line is printed as each step ends; the table (path, phase, verdict, seconds) comes last and is written to
 WORK/gpu_check.json, with where the GPU's time went by the lease's log (WORK/gpu_lease.jsonl: held by one step
 alone, shared by tests, waited for while tests drained, idle). Each command-line result is kept in WORK/results.
-Exit status 0 when every row passed, 1 when any failed or was not run.
+Exit status 0 when every row passed, 1 when any failed or was not run. With --stop-after, whatever still runs then
+is stopped (pytest as by Ctrl-C, so it reports the failures so far; a command-line step or the null sample as a
+`timeout` row) and the table still comes: a run on a machine lent for a fixed time says what it found.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -47,6 +53,19 @@ class GpuPath:
     name: str
     problem: str
     submission: Path
+
+
+class Deadline:
+    """When gpu-check stops what still runs (`--stop-after`), if ever."""
+
+    def __init__(self, seconds: float | None):
+        self.at = time.monotonic() + seconds if seconds is not None else None
+
+    def left(self, cap: float | None = None) -> float | None:
+        """Seconds a step may still take: until the deadline, at most `cap`; `cap` where there is no deadline."""
+        if self.at is None:
+            return cap
+        return max(1.0, min(cap if cap is not None else math.inf, self.at - time.monotonic()))
 
 
 @dataclass
@@ -78,7 +97,7 @@ def report(row: Row) -> Row:
     return row
 
 
-def run_phase(path: GpuPath, phase: str, data_dir: Path) -> Row:
+def run_phase(path: GpuPath, phase: str, data_dir: Path, deadline: Deadline) -> Row:
     """One `kernelloop PHASE` call through the command line, as a user makes it."""
     argv = [sys.executable, "-m", "kernelloop", phase, str(path.submission), "--problem", path.problem]
     argv += ["--backend", "cuda", "--json"]
@@ -86,11 +105,10 @@ def run_phase(path: GpuPath, phase: str, data_dir: Path) -> Row:
         argv += ["--time-budget", "1"]
     started = time.monotonic()
     try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=PHASE_TIMEOUT_S, env=_env(data_dir), cwd=REPO
-        )
+        limit = deadline.left(PHASE_TIMEOUT_S)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=limit, env=_env(data_dir), cwd=REPO)
     except subprocess.TimeoutExpired:
-        return report(Row(path.name, phase, "timeout", time.monotonic() - started, f"over {PHASE_TIMEOUT_S:.0f} s"))
+        return report(Row(path.name, phase, "timeout", time.monotonic() - started, f"over {limit or 0:.0f} s"))
     seconds = time.monotonic() - started
     kept = data_dir.parent / "results" / f"{path.name.replace(' ', '_')}.{phase}.json"
     kept.parent.mkdir(exist_ok=True)
@@ -119,12 +137,12 @@ def _detail(result: dict) -> str:
     return ""
 
 
-def run_path(path: GpuPath, data_dir: Path) -> list[Row]:
+def run_path(path: GpuPath, data_dir: Path, deadline: Deadline) -> list[Row]:
     """Compile, test, bench and profile of one path, one after another, as a user runs them."""
-    return [run_phase(path, phase, data_dir) for phase in PHASES]
+    return [run_phase(path, phase, data_dir, deadline) for phase in PHASES]
 
 
-def run_pytest(processes: int, work: Path) -> Row:
+def run_pytest(processes: int, work: Path, deadline: Deadline) -> Row:
     """The GPU tests, their output shown as it comes and kept in WORK/pytest_gpu.log (with the slowest tests)."""
     # -v: a line as each test ends (-q's dots end a line only every 80 tests, so a run cut short showed nothing)
     argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-ra", "--tb=short"]
@@ -145,11 +163,16 @@ def run_pytest(processes: int, work: Path) -> Row:
         open(work / "pytest_gpu.log", "w") as log,
     ):
         assert pytest.stdout is not None
+        stopping = threading.Timer(deadline.left() or 0.0, _interrupt, [pytest])
+        stopping.daemon = True
+        if deadline.at is not None:
+            stopping.start()
         for line in pytest.stdout:
             print(line, end="", flush=True)
             log.write(line)
             log.flush()
             lines.append(line.rstrip("\n"))
+    stopping.cancel()
     code = pytest.returncode
     seconds = time.monotonic() - started
     summary = next((line for line in reversed(lines) if " in " in line and ("passed" in line or "failed" in line)), "")
@@ -158,14 +181,19 @@ def run_pytest(processes: int, work: Path) -> Row:
     return report(Row("pytest -m gpu", "tests", verdict, seconds, "; ".join([summary.strip("= "), *failures])))
 
 
-def run_null_sample(kernelbench: Path | None, work: Path) -> Row:
+def run_null_sample(kernelbench: Path | None, work: Path, deadline: Deadline) -> Row:
     if kernelbench is None:
         return report(Row("null-suite sample", "suite", "not run", 0.0, "no KernelBench folder (--kernelbench DIR)"))
     started = time.monotonic()
     sample = work / "null-suite"
     argv = [sys.executable, str(REPO / "scripts" / "null_suite.py"), str(kernelbench), str(sample)]
     argv += ["--levels", "level1", "level2", "level3", "--per-level", "1"]
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env(sample / "data"))
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, cwd=REPO, env=_env(sample / "data"), timeout=deadline.left()
+        )
+    except subprocess.TimeoutExpired:
+        return report(Row("null-suite sample", "suite", "timeout", time.monotonic() - started, "stopped"))
     seconds = time.monotonic() - started
     suite_file = sample / "suite.json"
     if not suite_file.is_file():
@@ -179,6 +207,16 @@ def run_null_sample(kernelbench: Path | None, work: Path) -> Row:
     speedups = ", ".join(f"{e['problem'][:24]} {e['speedup']:.3f}x" for e in entries if e["speedup"] is not None)
     verdict = "passed" if entries and not off else "failed"
     return report(Row("null-suite sample", "suite", verdict, seconds, "; ".join(off) or speedups))
+
+
+def _interrupt(pytest: subprocess.Popen[str]) -> None:
+    """Stop pytest as Ctrl-C does (it ends its tests and prints the failures so far), and for good after 60 s."""
+    print("gpu-check: --stop-after reached: stopping pytest", flush=True)
+    pytest.send_signal(signal.SIGINT)
+    try:
+        pytest.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.kill()
 
 
 def _env(data_dir: Path) -> dict[str, str]:
@@ -230,7 +268,9 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernelloop-gpu-check"), help="logs, data, table")
     parser.add_argument("--pytest-processes", type=int, default=12, help="pytest-xdist processes (0: one process)")
     parser.add_argument("--skip-pytest", action="store_true", help="leave out step 1 (its row says so)")
+    parser.add_argument("--stop-after", type=float, help="seconds after which what still runs is stopped")
     args = parser.parse_args()
+    deadline = Deadline(args.stop_after)
     import torch
 
     if not torch.cuda.is_available():
@@ -248,10 +288,10 @@ def main() -> int:
     data_dir = args.work / "data"
     chosen = paths(args.kernelbench)
     with ThreadPoolExecutor(max_workers=len(chosen) + 1) as pool:
-        path_rows = pool.map(lambda p: run_path(p, data_dir), chosen)
-        null_sample = pool.submit(run_null_sample, args.kernelbench, args.work)
+        path_rows = pool.map(lambda p: run_path(p, data_dir, deadline), chosen)
+        null_sample = pool.submit(run_null_sample, args.kernelbench, args.work, deadline)
         skipped = Row("pytest -m gpu", "tests", "not run", 0.0, "--skip-pytest")
-        rows = [skipped if args.skip_pytest else run_pytest(args.pytest_processes, args.work)]
+        rows = [skipped if args.skip_pytest else run_pytest(args.pytest_processes, args.work, deadline)]
         rows += [row for one_path in path_rows for row in one_path]
         rows.append(null_sample.result())
     wall_s = time.monotonic() - started
