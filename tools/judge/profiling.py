@@ -2,12 +2,13 @@
 
 The profile is advice, not a verdict: nothing is checked first but that the kernel builds and its forward runs.
 The judge builds and loads the submission as every phase does, times one forward itself (CUDA events in the
-main runner, ncu nowhere near), then starts a second runner under ncu (`RunnerLink(wrapper=...)`), shares one
-input set of the shape (drawn as the benchmark draws it), and asks for a warm-up forward and then one inside the
-NVTX range ncu's filter selects. ncu's table reaches the judge on a pipe of its own, which the candidate's output
-never joins; the judge parses it (`ncu_report`), places each kernel on the datasheet's roofline and writes the
-summary (`profile_summary`), and holds the kernels' summed time against its own: a profile that missed the
-forward's work (kernels launched outside the range) disagrees with it and carries a warning.
+main runner, ncu nowhere near), then turns to a second runner under ncu (`RunnerLink(wrapper=...)`, started as
+the phase begins so that its interpreter and torch boot meanwhile; it touches the GPU only once asked to start),
+shares one input set of the shape (drawn as the benchmark draws it), and asks for a warm-up forward and then one
+inside the NVTX range ncu's filter selects. ncu's table reaches the judge on a pipe of its own, which the
+candidate's output never joins; the judge parses it (`ncu_report`), places each kernel on the datasheet's roofline
+and writes the summary (`profile_summary`), and holds the kernels' summed time against its own: a profile that
+missed the forward's work (kernels launched outside the range) disagrees with it and carries a warning.
 """
 
 from __future__ import annotations
