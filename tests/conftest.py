@@ -20,6 +20,7 @@ KERNELLOOP_CI=1 (.ci/run sets it) every other skip is a failure, since CI instal
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -138,6 +140,16 @@ HELPER_FUNCTIONS = [
     "conv_mutate_input",
     "conv_unwritten",
 ]
+
+
+def load_script(name: str) -> ModuleType:
+    """One of scripts/NAME.py as a module, its functions called as the tests' (the scripts are no package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)  # a dataclass of the script looks its module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def candidate_source(

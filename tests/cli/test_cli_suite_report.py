@@ -4,10 +4,9 @@ width made two different problems look the same."""
 
 from __future__ import annotations
 
-import importlib.util
 from datetime import UTC, datetime
 
-from conftest import REPO
+from conftest import REPO, load_script
 
 from kernelloop.agent.suite import SuiteOutcome
 from kernelloop.cli.suite import format_suite
@@ -51,10 +50,7 @@ def test_the_suite_table_shows_every_problem_name_in_full_and_apart() -> None:
 
 
 def test_the_null_suites_exceptions_name_every_problem_in_full() -> None:
-    spec = importlib.util.spec_from_file_location("null_suite", REPO / "scripts" / "null_suite.py")
-    assert spec is not None and spec.loader is not None
-    null_suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(null_suite)
+    null_suite = load_script("null_suite")
     shortened = [problem_name(stem) for stem in LONG_STEMS]
     suite = _suite([KERNELBENCH_NAME, *shortened]).model_dump()
 
@@ -80,10 +76,7 @@ def test_the_suite_judges_with_the_memory_check_unless_told_not_to() -> None:
 def test_the_null_suites_table_says_where_the_time_went() -> None:
     """Per level the median seconds a problem spent on lanes, then the median of every phase and step, largest
     first: what the suite's speed work starts from."""
-    spec = importlib.util.spec_from_file_location("null_suite", REPO / "scripts" / "null_suite.py")
-    assert spec is not None and spec.loader is not None
-    null_suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(null_suite)
+    null_suite = load_script("null_suite")
     suite = _suite([f"{i}_Problem" for i in range(3)]).model_dump()
     for i, entry in enumerate(suite["entries"]):
         entry["seconds"] = {"compile": 2.0 + i, "test": 4.0, "test.worker_start": 3.0 + i, "benchmark": 1.0}

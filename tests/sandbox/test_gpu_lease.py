@@ -4,7 +4,6 @@ no GPU is needed, only the lease's files."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from kernelloop.tools.api import build_key, run_tests
 from kernelloop.tools.compilation import build_cache
@@ -273,19 +273,10 @@ def test_the_leases_log_says_who_held_the_gpu_how_and_for_what_and_what_the_wait
     )
     assert alone["asked"] < shared["released"] <= alone["granted"] < alone["released"]
     assert alone["granted"] - alone["asked"] >= 0.8, "the benchmark's wait for the test is in its line"
-    use = _gpu_check().lease_use(log)
+    use = load_script("gpu_check").lease_use(log)
     assert use["holds_alone"] == 1 and use["draining"] >= 0.5 and use["alone"] >= 0
 
 
 def _hold_alone(gpu: str, folder: Path, log: Path) -> None:
     with gpu_lease(gpu, folder, 30, exclusive=True, log=log, what="benchmark causal_conv1d"):
         time.sleep(0.3)
-
-
-def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).parents[2] / "scripts" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gpu_check", module)  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module

@@ -241,10 +241,10 @@ def reference_outputs(reference: torch.nn.Module, inputs: list[Any], shape: Shap
     return outputs
 
 
-def reference_model(session: Session, shape: ShapeSpec) -> torch.nn.Module:
-    """The judge's reference for a shape, on the device, cast where the job asks for a precision, and in the mode
-    the policy calls it: as constructed (training mode) or eval mode."""
-    model: torch.nn.Module = session.problem_module.Model(*shape.init_inputs).to(session.device)
+def reference_model(session: Session, shape: ShapeSpec, model_seed: int) -> torch.nn.Module:
+    """The judge's reference for a shape, built on the device under `model_seed`, cast where the job asks for a
+    precision, and in the mode the policy calls it: as constructed (training mode) or eval mode."""
+    model = candidate.build_model(session.problem_module.Model, shape.init_inputs, session.device, model_seed)
     if session.cast:
         model = model.to(session.dtype)
     return model if session.policy.training_mode else model.eval()
@@ -268,8 +268,7 @@ def seeded_reference(session: Session, shape: ShapeSpec) -> tuple[torch.nn.Modul
     the same parameters), the seed, and the redraws of the shape's inputs; a failure is the judge's side."""
     model_seed = session.seeds.model_seed(session.seeds.draw())
     with reference_on(shape):
-        torch.manual_seed(model_seed)
-        return reference_model(session, shape), model_seed, redraws(session, shape)
+        return reference_model(session, shape, model_seed), model_seed, redraws(session, shape)
 
 
 # ---- the buffers shared with the runner ---------------------------------------------------------------------

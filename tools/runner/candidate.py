@@ -72,6 +72,25 @@ def construction_problem(
     return None
 
 
+def build_model(
+    model_class: type[torch.nn.Module], init_inputs: list[Any], device: torch.device, seed: int
+) -> torch.nn.Module:
+    """`model_class(*init_inputs)` on `device`, its parameters drawn under `seed`: the judge's reference, the
+    runner's copy of it and ModelNew are all built here, so a seed gives them the same parameters.
+
+    Built on the device itself (tensors created without a device go there): on the CPU, the default
+    initialization of KernelBench's 2.7 GB level-3 MLP took 10 s a model, three models a correctness trial, all
+    while the test held the GPU's lease. Where the constructor cannot run there (it hands a tensor it made to
+    numpy, say), it is built on the CPU under the same seed and moved."""
+    torch.manual_seed(seed)
+    try:
+        with device:
+            return model_class(*init_inputs)
+    except Exception:
+        torch.manual_seed(seed)
+        return model_class(*init_inputs).to(device)
+
+
 def _meta_construction_error(model_new: type[torch.nn.Module], init_inputs: list[Any]) -> str | None:
     """What the constructor raised on the meta device (tensors created without a device go there), or None."""
     try:

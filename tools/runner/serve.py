@@ -56,8 +56,7 @@ def _in_mode(model: torch.nn.Module, training_mode: bool) -> torch.nn.Module:
     return model if training_mode else model.eval()
 
 
-def _placed(model: torch.nn.Module, device: torch.device, cast: torch.dtype | None) -> torch.nn.Module:
-    model = model.to(device)
+def _cast(model: torch.nn.Module, cast: torch.dtype | None) -> torch.nn.Module:
     return model.to(cast) if cast is not None else model
 
 
@@ -180,11 +179,11 @@ class Runner:
     def prepare(self, request: Prepare, fds: list[int]) -> Prepared:
         assert self.problem_module is not None
         self.model = self.input_sets = self.output_slots = None  # type: ignore[assignment]
-        torch.manual_seed(request.init_seed)
         cast = getattr(torch, request.cast_to) if request.cast_to else None
-        layout = _in_mode(
-            _placed(self.problem_module.Model(*request.shape.init_inputs), self.device, cast), request.training_mode
+        reference = candidate.build_model(
+            self.problem_module.Model, request.shape.init_inputs, self.device, request.init_seed
         )
+        layout = _in_mode(_cast(reference, cast), request.training_mode)
         state = candidate.state_tensors(layout)
         with torch.no_grad():
             for name, shared in request.parameters.items():
@@ -196,8 +195,10 @@ class Runner:
         else:
             assert self.model_new is not None
             try:
-                torch.manual_seed(request.init_seed)
-                built = _placed(self.model_new(*request.shape.init_inputs), self.device, cast)
+                built = _cast(
+                    candidate.build_model(self.model_new, request.shape.init_inputs, self.device, request.init_seed),
+                    cast,
+                )
                 self.model = _in_mode(built, request.training_mode)
                 mapping = candidate.copy_parameters(layout, self.model)
             except TypeError as exc:
