@@ -625,7 +625,7 @@ class NodeInfo(BaseModel):
     address: str
     alive: bool
     cpus: float = Field(description="CPUs it offers to builds and CPU steps")
-    gpus: float = Field(description="GPUs it offers to tests and benchmarks, one step each")
+    gpus: float = Field(description="GPUs it offers to tests and benchmarks")
     gpu_type: str | None = Field(None, description="what Ray reports as the node's accelerator type, e.g. H200")
 
 

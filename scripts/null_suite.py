@@ -5,6 +5,7 @@ the harness's failure, or a property of the problem (too large, nondeterministic
 
     python scripts/null_suite.py KERNELBENCH_DIR WORK_DIR [--levels level1 level2 level3] [--start K]
                                  [--per-level N] [--time-budget S] [--backend cuda] [--resume SUITE_ID]
+                                 [--lanes-per-gpu N]
 
 KERNELBENCH_DIR holds KernelBench's level folders (`KernelBench/` in its repository). WORK_DIR receives the null
 solutions, the data folder of the embedded service and `suite.json`; the table (per level: registered, passed,
@@ -14,13 +15,15 @@ check (compute-sanitizer) is off: a null solution launches PyTorch's kernels onl
 
 In pieces: a run cut short (a time limit) leaves its suite in WORK_DIR's data folder; `--resume SUITE_ID` with the
 same WORK_DIR goes on with it (what was judged is kept, what was running runs again, the problems it lacks, from a
-wider --per-level or more --levels, are added).
+wider --per-level or more --levels, are added). `--lanes-per-gpu N` gives the embedded service N lanes a GPU: N
+problems' tests share it while each benchmark has it alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -111,6 +114,9 @@ def main() -> int:
     parser.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to wait for every verdict")
     parser.add_argument("--resume", type=int, metavar="SUITE_ID", help="go on with that suite of WORK_DIR's data")
+    parser.add_argument(
+        "--lanes-per-gpu", type=int, default=1, help="jobs each GPU takes at once (KERNELLOOP_LANES_PER_GPU)"
+    )
     args = parser.parse_args()
     problems = write_solutions(args.kernelbench, args.work, args.levels, args.start, args.per_level)
     started = time.monotonic()
@@ -119,7 +125,7 @@ def main() -> int:
         [sys.executable, "-m", "kernelloop", "suite", str(problems), str(args.work / "solutions"), "--json",
          "--backend", args.backend, "--time-budget", str(args.time_budget), "--data-dir", str(args.work / "data"),
          "--no-memory-check", "--timeout", str(args.timeout), *resume],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "KERNELLOOP_LANES_PER_GPU": str(args.lanes_per_gpu)},
     )  # fmt: skip
     wall_s = time.monotonic() - started
     if not done.stdout.strip():

@@ -34,14 +34,16 @@ def gpu_inventory() -> list[GpuInfo]:
 
 
 def gpu_lane_ids(settings: ServiceSettings) -> list[str]:
-    """What each GPU lane's workers get as CUDA_VISIBLE_DEVICES, one lane per entry.
+    """What each GPU lane's workers get as CUDA_VISIBLE_DEVICES, one lane per entry: each GPU `lanes_per_gpu`
+    times, every GPU's first lane before any GPU's second.
 
-    KERNELLOOP_GPUS if set; else the service's own CUDA_VISIBLE_DEVICES (so a restricted service stays
+    The GPUs: KERNELLOOP_GPUS if set; else the service's own CUDA_VISIBLE_DEVICES (so a restricted service stays
     restricted); else every GPU nvidia-smi lists.
     """
     if settings.gpus is not None:
-        return [g.strip() for g in settings.gpus.split(",") if g.strip()]
-    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if inherited is not None:
-        return [g.strip() for g in inherited.split(",") if g.strip() and not g.strip().startswith("-")]
-    return [str(gpu.index) for gpu in gpu_inventory()]
+        gpus = [g.strip() for g in settings.gpus.split(",") if g.strip()]
+    elif (inherited := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        gpus = [g.strip() for g in inherited.split(",") if g.strip() and not g.strip().startswith("-")]
+    else:
+        gpus = [str(gpu.index) for gpu in gpu_inventory()]
+    return gpus * settings.lanes_per_gpu

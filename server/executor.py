@@ -86,11 +86,13 @@ def start_host_helpers(settings: SandboxSettings, *, has_gpu: bool, max_spares: 
 
 
 class LocalExecutor:
-    """Sandboxed worker processes on this host: `cpu_workers` CPU lanes and one lane per GPU.
+    """Sandboxed worker processes on this host: `cpu_workers` CPU lanes and a lane per entry of `gpus` (a GPU
+    listed twice has two lanes: `lanes_per_gpu`).
 
-    A GPU lane's worker sees only its GPU (CUDA_VISIBLE_DEVICES), so two timings never share a device;
-    a CPU lane's worker sees no GPU at all, so builds never touch one. Each lane's next worker is started
-    while it runs a step (`WorkerPool`), so a step's worker is ready when the step comes.
+    A GPU lane's worker sees only its GPU (CUDA_VISIBLE_DEVICES), and the GPU's lease gives each timing its GPU
+    alone, so two timings never share a device; a CPU lane's worker sees no GPU at all, so builds never touch one.
+    Each lane's next worker is started while it runs a step (`WorkerPool`), so a step's worker is ready when the
+    step comes.
     """
 
     name: Literal["local", "ray"] = "local"
@@ -107,7 +109,7 @@ class LocalExecutor:
 
     def nodes(self) -> list[NodeInfo]:
         cpus = sum(1 for lane in self._lanes if lane.kind == "cpu")
-        gpus = len(self._lanes) - cpus
+        gpus = len({lane.gpu for lane in self._lanes if lane.kind == "gpu"})
         return [NodeInfo(id=socket.gethostname(), address="localhost", alive=True, cpus=cpus, gpus=gpus)]
 
     def run(self, request: StepRequest, lane: Lane, on_progress: Progress, stop: StopSwitch) -> PhaseResult:

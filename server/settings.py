@@ -34,6 +34,13 @@ class ServiceSettings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     cpu_workers: int | None = Field(None, ge=1, description="parallel CPU jobs (builds, cpu backend); default: cores")
     gpus: str | None = Field(None, description="GPU indices given a job lane, e.g. '0,1'; default: every visible GPU")
+    lanes_per_gpu: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="jobs each GPU takes at once (local executor): their tests share it, each benchmark and profile "
+        "still has it alone (the GPU's lease); above 1, the GPU works while a lane starts workers or checks outputs",
+    )
     executor: Literal["local", "ray"] = Field(
         "local", description="where steps run: local (sandboxed workers on this host) or ray (a Ray cluster's nodes)"
     )

@@ -49,6 +49,8 @@ Progress = Callable[[PhaseResult], None]
 Admission = Callable[[], AbstractContextManager[None]]
 """What a job is handed to its started worker under, and held until the worker ends: the GPU's lease."""
 WORKER_MODULE = "kernelloop.tools.judge.worker"
+CUDA_OUT_OF_MEMORY = "CUDA out of memory"
+"""what torch's caching allocator says when the device has no room (torch.OutOfMemoryError)"""
 ResultT = TypeVar("ResultT", bound=PhaseResult)
 
 
@@ -148,13 +150,13 @@ def _run_phase(
             return reused
     if step.backend == "cuda" and step.phase != "compile":
         # built first, outside the GPU's lease; then timings and profiles alone on the GPU, checks side by side,
-        # and alone once more if the judge ran out of memory beside another job's
+        # and alone once more if they ran out of memory beside another job's
         unbuilt, build_s = _build_outside_the_lease(step, key, settings, pool)
         if unbuilt is not None:
             return unbuilt
         run = functools.partial(_call, step, key, settings, on_progress, pool)
         judged = _on_the_gpu(step, settings, run, exclusive=step.phase != "test")
-        if isinstance(judged[0], TestResult) and judged[0].judge_out_of_memory:
+        if out_of_device_memory(judged[0]):
             judged = _on_the_gpu(step, settings, run, exclusive=True)
         result, call = judged
         if build_s is not None:
@@ -250,6 +252,17 @@ def _build_outside_the_lease(
         message=compiled.message, compile=compiled, device=compiled.device, sandbox=compiled.sandbox,
     )  # fmt: skip
     return result, round(time.monotonic() - started, 3)
+
+
+def out_of_device_memory(result: PhaseResult) -> bool:
+    """A test that ran out of device memory, in the judge's own copies or in the candidate's forward. Tests share
+    their GPU (several lanes, services or hosts' users on one device), so that says nothing of the kernel until it
+    happens alone: such a test runs again with the GPU to itself, and that run's verdict is the one given."""
+    if not isinstance(result, TestResult):
+        return False
+    return result.judge_out_of_memory or any(
+        check.status == Status.runtime_error and CUDA_OUT_OF_MEMORY in check.message for check in result.checks
+    )
 
 
 def _on_the_gpu(

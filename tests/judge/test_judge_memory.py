@@ -1,13 +1,21 @@
 """The judge's device memory between checks: a large check empties the allocator's cache only when the device is
 short of room for it. Emptying it before every large check cost each causal conv1d test six garbage collections
-on an H200 with room to spare; never emptying it ran a KernelBench input out of memory there."""
+on an H200 with room to spare; never emptying it ran a KernelBench input out of memory there. And a test that ran
+out of device memory while it shared the GPU is judged again alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from conftest import CPU_EXAMPLE, PROBLEM
 
+from kernelloop.tools import api
+from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.judge import session
+from kernelloop.tools.results import BenchmarkResult, ShapeCheck, Status, TestResult
+from kernelloop.tools.settings import SandboxSettings
 
 GiB = 1 << 30
 
@@ -28,3 +36,45 @@ def test_a_large_check_empties_the_cache_only_when_the_device_is_short_of_room(m
     session.make_room(torch.device("cpu"), 24 * GiB)
     session.make_room(gpu, None)  # a shape whose size is not known ahead
     assert emptied == [gpu]
+
+
+OUT_OF_MEMORY = "a forward raised OutOfMemoryError: CUDA out of memory. Tried to allocate 6.00 GiB"
+
+
+def _test_result(status: Status, message: str = "", judge_out_of_memory: bool = False) -> TestResult:
+    check = ShapeCheck(shape="b16_c64_o128_k3_d1_l65536", seed=7, status=status, message=message)
+    return TestResult(
+        problem=PROBLEM, backend="cuda", status=status, message=message, checks=[check],
+        judge_out_of_memory=judge_out_of_memory,
+    )  # fmt: skip
+
+
+def test_a_test_that_ran_out_of_device_memory_beside_others_is_judged_again_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Several lanes' tests share a GPU: the candidate's forward that ran out of memory there says nothing of the
+    kernel. The test runs again with the GPU to itself, and that verdict is the one given."""
+    runs: list[bool] = []
+    verdicts = [_test_result(Status.runtime_error, OUT_OF_MEMORY), _test_result(Status.passed, "5 checks passed")]
+
+    def on_the_gpu(step, settings, run, *, exclusive):  # type: ignore[no-untyped-def]
+        runs.append(exclusive)
+        return verdicts[len(runs) - 1], None
+
+    monkeypatch.setattr(api, "_build_outside_the_lease", lambda *args: (None, None))
+    monkeypatch.setattr(api, "_on_the_gpu", on_the_gpu)
+    result = api.run_tests(PROBLEM, CPU_EXAMPLE, "cuda", EvalOptions(), SandboxSettings(data_dir=tmp_path))
+
+    assert runs == [False, True], "shared first, then alone"
+    assert result.status == Status.passed, result.message
+
+
+def test_only_running_out_of_device_memory_is_judged_again() -> None:
+    assert api.out_of_device_memory(_test_result(Status.runtime_error, OUT_OF_MEMORY))
+    assert api.out_of_device_memory(_test_result(Status.sandbox_error, "the judge ran out", judge_out_of_memory=True))
+    illegal = "a forward raised AcceleratorError: CUDA error: an illegal memory access was encountered"
+    assert not api.out_of_device_memory(_test_result(Status.runtime_error, illegal))
+    assert not api.out_of_device_memory(_test_result(Status.wrong_result, "12 of 4096 elements differ"))
+    assert not api.out_of_device_memory(
+        BenchmarkResult(problem=PROBLEM, backend="cuda", status=Status.runtime_error, message=OUT_OF_MEMORY)
+    )
