@@ -17,10 +17,11 @@ the CPUs. A row's seconds include its waits for cores and for the GPU.
 
 A line is printed as each step ends; the table (path, phase, verdict, seconds) comes last and is written to
 WORK/gpu_check.json, with where the GPU's time went by the lease's log (WORK/gpu_lease.jsonl: held by one step
-alone, shared by tests, waited for while tests drained, idle). Each command-line result is kept in WORK/results.
-Exit status 0 when every row passed, 1 when any failed or was not run. With --stop-after, whatever still runs then
-is stopped (pytest as by Ctrl-C, so it reports the failures so far; a command-line step or the null sample as a
-`timeout` row) and the table still comes: a run on a machine lent for a fixed time says what it found.
+alone, shared by tests, waited for while tests drained, idle). Each command-line result is kept in WORK/results,
+with the null sample's suite and table. Exit status 0 when every row passed, 1 when any failed or was not run. With
+--stop-after, whatever still runs then is stopped (pytest as by Ctrl-C, so it reports the failures so far; a
+command-line step or the null sample as a `timeout` row) and the table still comes: a run on a machine lent for a
+fixed time says what it found.
 """
 
 from __future__ import annotations
@@ -208,6 +209,10 @@ def run_null_sample(kernelbench: Path | None, work: Path, deadline: Deadline) ->
     suite_file = sample / "suite.json"
     if not suite_file.is_file():
         return report(Row("null-suite sample", "suite", "error", seconds, done.stderr.strip()[-300:]))
+    kept = work / "results"  # beside the command line's results: the suite, and its table of where the time went
+    kept.mkdir(exist_ok=True)
+    (kept / "null_suite.json").write_text(suite_file.read_text())
+    (kept / "null_suite.txt").write_text(done.stdout)
     entries = json.loads(suite_file.read_text())["suite"]["entries"]
     off = [
         f"{e['level']}/{e['problem']}: {e['status']} {e['speedup']}"
