@@ -39,7 +39,7 @@ from kernelloop.tools.results import (
     TestResult,
     compile_part,
 )
-from kernelloop.tools.sandbox.gpu_lease import GpuBusy, gpu_lease
+from kernelloop.tools.sandbox.gpu_lease import GpuBusy, free_memory_bytes, gpu_lease
 from kernelloop.tools.sandbox.worker_call import JobFolder, WorkerCall, WorkerRequest, call_worker
 from kernelloop.tools.sandbox.worker_pool import WorkerPool
 from kernelloop.tools.settings import SandboxSettings, get_sandbox_settings
@@ -149,13 +149,14 @@ def _run_phase(
         if reused is not None:
             return reused
     if step.backend == "cuda" and step.phase != "compile":
-        # built first, outside the GPU's lease; then timings and profiles alone on the GPU, checks side by side,
-        # and alone once more if they ran out of memory beside another job's
+        # built first, outside the GPU's lease; then timings and profiles alone on the GPU, checks side by side
+        # where the device has room for them, and alone once more if they ran out of memory beside another job's
         unbuilt, build_s = _build_outside_the_lease(step, key, settings, pool)
         if unbuilt is not None:
             return unbuilt
         run = functools.partial(_call, step, key, settings, on_progress, pool)
-        judged = _on_the_gpu(step, settings, run, exclusive=step.phase != "test")
+        alone = step.phase != "test" or not _fits_beside_others(step, settings)
+        judged = _on_the_gpu(step, settings, run, exclusive=alone)
         if out_of_device_memory(judged[0]):
             judged = _on_the_gpu(step, settings, run, exclusive=True)
         result, call = judged
@@ -252,6 +253,19 @@ def _build_outside_the_lease(
         message=compiled.message, compile=compiled, device=compiled.device, sandbox=compiled.sandbox,
     )  # fmt: skip
     return result, round(time.monotonic() - started, 3)
+
+
+def _fits_beside_others(step: Step, settings: SandboxSettings) -> bool:
+    """Whether the test's largest check fits in what the device has free now. One that does not waits for the GPU
+    alone, as a benchmark does (no test starts meanwhile, and those running end first), rather than start beside
+    tests that hold the memory it needs and run out. A size not known ahead, or a free memory not readable, shares."""
+    names = step.options.shapes
+    shapes = [s for s in step.problem.correctness_shapes(step.backend) if not names or s.name in names]
+    needs = [need for need in (s.check_bytes() for s in shapes) if need is not None]
+    if not needs:
+        return True
+    free = free_memory_bytes(settings.worker_gpus)
+    return free is None or max(needs) <= free
 
 
 def out_of_device_memory(result: PhaseResult) -> bool:

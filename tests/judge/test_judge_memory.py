@@ -14,7 +14,9 @@ from conftest import CPU_EXAMPLE, PROBLEM
 from kernelloop.tools import api
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.judge import session
+from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import BenchmarkResult, ShapeCheck, Status, TestResult
+from kernelloop.tools.sandbox import gpu_lease
 from kernelloop.tools.settings import SandboxSettings
 
 GiB = 1 << 30
@@ -67,6 +69,67 @@ def test_a_test_that_ran_out_of_device_memory_beside_others_is_judged_again_alon
 
     assert runs == [False, True], "shared first, then alone"
     assert result.status == Status.passed, result.message
+
+
+@pytest.mark.parametrize(("free_gib", "alone"), [(100, False), (10, True), (None, False)])
+def test_a_test_whose_checks_do_not_fit_the_free_memory_waits_for_the_gpu_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, free_gib: int | None, alone: bool
+) -> None:
+    """The causal conv1d's largest check holds about 24 GiB: beside other tests on a device with 100 GiB free it
+    shares the GPU; with 10 GiB free it waits for the GPU alone (the tests holding the memory end first) rather
+    than start and run out; where the free memory cannot be read (no nvidia-smi), it shares as before."""
+    largest = max(s.check_bytes() or 0 for s in load_problem(PROBLEM).correctness_shapes("cuda"))
+    assert 10 * GiB < largest < 100 * GiB
+    runs: list[bool] = []
+
+    def on_the_gpu(step, settings, run, *, exclusive):  # type: ignore[no-untyped-def]
+        runs.append(exclusive)
+        return _test_result(Status.passed, "6 checks passed"), None
+
+    monkeypatch.setattr(api, "free_memory_bytes", lambda visible: None if free_gib is None else free_gib * GiB)
+    monkeypatch.setattr(api, "_build_outside_the_lease", lambda *args: (None, None))
+    monkeypatch.setattr(api, "_on_the_gpu", on_the_gpu)
+    result = api.run_tests(PROBLEM, CPU_EXAMPLE, "cuda", EvalOptions(), SandboxSettings(data_dir=tmp_path))
+
+    assert result.status == Status.passed, result.message
+    assert runs == [alone]
+
+
+def test_a_test_of_small_shapes_alone_shares_the_gpu_where_its_largest_does_not_fit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Only the shapes the test runs count: options.shapes of the small ones fits where the whole test does not."""
+    shapes = load_problem(PROBLEM).correctness_shapes("cuda")
+    smallest = min(shapes, key=lambda s: s.check_bytes() or 0)
+    free = (smallest.check_bytes() or 0) + GiB
+    assert any((s.check_bytes() or 0) > free for s in shapes)
+    runs: list[bool] = []
+
+    def on_the_gpu(step, settings, run, *, exclusive):  # type: ignore[no-untyped-def]
+        runs.append(exclusive)
+        return _test_result(Status.passed, "1 check passed"), None
+
+    monkeypatch.setattr(api, "free_memory_bytes", lambda visible: free)
+    monkeypatch.setattr(api, "_build_outside_the_lease", lambda *args: (None, None))
+    monkeypatch.setattr(api, "_on_the_gpu", on_the_gpu)
+    options = EvalOptions(shapes=[smallest.name])
+    api.run_tests(PROBLEM, CPU_EXAMPLE, "cuda", options, SandboxSettings(data_dir=tmp_path))
+    api.run_tests(PROBLEM, CPU_EXAMPLE, "cuda", EvalOptions(), SandboxSettings(data_dir=tmp_path))
+
+    assert runs == [False, True]
+
+
+def test_the_free_memory_is_the_least_of_the_gpus_the_worker_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [["GPU-aaa", "81000"], ["GPU-bbb", "2048"], ["GPU-ccc", "140000"]]
+    monkeypatch.setattr(gpu_lease.toolchain, "query_gpus", lambda fields: rows)
+    monkeypatch.setattr(gpu_lease, "_uuids_by_index", lambda: {"0": "GPU-aaa", "1": "GPU-bbb", "2": "GPU-ccc"})
+    assert gpu_lease.free_memory_bytes("0") == 81000 << 20
+    assert gpu_lease.free_memory_bytes("0,2") == 81000 << 20
+    assert gpu_lease.free_memory_bytes("1,2") == 2048 << 20
+    monkeypatch.setattr(gpu_lease.toolchain, "query_gpus", lambda fields: [["GPU-aaa", "[N/A]"]])
+    assert gpu_lease.free_memory_bytes("0") is None
+    monkeypatch.setattr(gpu_lease.toolchain, "query_gpus", lambda fields: [])  # no nvidia-smi
+    assert gpu_lease.free_memory_bytes("0") is None
 
 
 def test_only_running_out_of_device_memory_is_judged_again() -> None:

@@ -6,7 +6,8 @@ check fits only where no other job holds the device's memory. One service runs o
 services may share a host: the command line's embedded services, test processes side by side, a second service.
 So every step that runs on a GPU (a test, a benchmark, a profile; a compile runs on the CPUs) first takes the
 GPU's lease, a lock on a file named for the GPU's UUID in one folder of the host: a benchmark or a profile alone
-(exclusive: each reports times), tests side by side (shared: they time nothing).
+(exclusive: each reports times), tests side by side (shared: they time nothing) unless a test's checks need
+more than the device has free (`free_memory_bytes`): that one asks for it alone.
 
 Benchmarks and profiles go first. Each one, from the moment it asks until it ends, holds the GPU's queue (shared
 among them); a test starts only while the queue is empty. So a stream of tests cannot keep a benchmark waiting,
@@ -129,6 +130,17 @@ def gpu_ids(visible: str | None) -> list[str]:
     uuids = _uuids_by_index()
     entries = [e.strip() for e in visible.split(",") if e.strip()] if visible is not None else list(uuids) or ["0"]
     return [uuids.get(entry, entry) for entry in entries]
+
+
+def free_memory_bytes(visible: str | None) -> int | None:
+    """The least free memory of the GPUs a worker with CUDA_VISIBLE_DEVICES=`visible` sees, as the driver counts it
+    over every process of the host (nvidia-smi; no CUDA context is made); None where it cannot be read."""
+    free_mib = {row[0]: row[1] for row in toolchain.query_gpus("uuid,memory.free") if len(row) == 2}
+    try:
+        seen = [int(free_mib[gpu]) << 20 for gpu in gpu_ids(visible) if gpu in free_mib]
+    except ValueError:  # "[N/A]" and the like
+        return None
+    return min(seen) if seen else None
 
 
 @functools.cache
