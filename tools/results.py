@@ -310,9 +310,14 @@ class BenchmarkResult(PhaseResult):
     timing_method: str = ""
     call_overhead_ms: float | None = Field(
         None,
-        description="GPU: subtracted from each of the candidate's timed calls, what bracketing a call costs "
-        "(device-wide synchronizes, the operator observer), measured by the runner on a one-element kernel "
-        "before the candidate was imported; the reference is timed with its launch hidden, as do_bench does",
+        description="GPU: subtracted from each of the candidate's timed calls, the least that bracketing a call "
+        "costs (its first launch, a device-wide synchronize, the operator observer), measured by the runner on a "
+        "one-element kernel before the candidate was imported",
+    )
+    reference_call_overhead_ms: float | None = Field(
+        None,
+        description="GPU: subtracted from each of the judge's own timed calls (the reference, torch.compile of it), "
+        "the same floor measured the same way in the judge: both sides are timed alike",
     )
     freezer: Literal["cgroup", "pid_namespace", "process_group"] | None = Field(
         None,

@@ -100,6 +100,7 @@ def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> Benchma
     report(result)
     peaks = devices.gpu_peaks(compiled.device) if session.device.type == "cuda" else None
     clock = timing.Clock(session.device)
+    result.reference_call_overhead_ms = clock.bracket_floor_ms if session.device.type == "cuda" else None
     for shape in shapes:
         timed = functools.partial(_benchmark_one, session, clock, shape, overheads[shape.name], peaks, result)
         entry = _failure_as_entry(session, shape, timed)
@@ -127,9 +128,9 @@ def _blank_benchmark(job: WorkerJob, compiled: CompileResult) -> BenchmarkResult
         compile=compiled,
         step_seconds=compiled.step_seconds,
         timing_method=(
-            "cuda events, L2 flush and persisting-L2 reset, interleaved, median; the candidate in its own "
-            "process bracketed by device-wide syncs, every output checked, its time checked against the "
-            "judge's envelope"
+            "cuda events around the call and a device-wide sync, after an L2 read flush and persisting-L2 "
+            "reset, less each side's calibrated floor of that bracket, interleaved, median; the candidate in its "
+            "own process, every output checked, its time checked against the judge's envelope"
             if job.step.backend == "cuda"
             else "perf_counter per call, interleaved, median; the candidate in its own process, every output "
             "checked, its time checked against the judge's envelope"

@@ -6,12 +6,12 @@ outputs. Sampling stops when every subject's standard error is under `target_rel
 `min_samples`), at `max_samples`, or when the time budget is spent: the budget is a cap, so no caller can
 hold a lane longer by asking for many samples (three samples are taken whatever the budget).
 
-The judge times what it trusts (the reference, torch.compile of it) itself, as `triton.testing.do_bench`
-does: a short GPU spin lets the host launch ahead, then start event, call, end event. Before every sample
-of any subject, on the GPU, L2 is flushed (a write of twice its size) and persisting L2 lines are reset.
-The candidate is timed by its runner, and that time is only believed within what the judge's own wall
-clock around the call (the envelope) can account for. On the CPU, the judge also counts what the host's other
-work cost its own timed calls (`HostLoad`), by which the envelope's margin is widened.
+The judge times what it trusts (the reference, torch.compile of it) itself, and the candidate is timed by its
+runner, both on the GPU by `gpu_clock` (the same flush, bracket and subtracted floor on both sides). Before every
+sample of any subject, L2 is flushed and persisting L2 lines are reset, by the judge. The runner's time is only
+believed within what the judge's own wall clock around the call (the envelope) can account for. On the CPU, the
+judge also counts what the host's other work cost its own timed calls (`HostLoad`), by which the envelope's margin
+is widened.
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from typing import Any
 
 import torch
 
-from kernelloop.tools.judge import l2_cache
+from kernelloop.tools.judge import gpu_clock, l2_cache
 from kernelloop.tools.results import Timing
 
-SLEEP_CYCLES = 1_000_000  # about 0.5 ms at Hopper's clocks
 MIN_SAMPLES_UNDER_CAP = 3  # a median needs a few samples, even when one call outlasts the time budget
 
 
@@ -91,36 +90,30 @@ class Clock:
         self.device = device
         self.flush_buffer: torch.Tensor | None = None
         self.reset_l2: Callable[[], None] = lambda: None
+        self.bracket_floor_ms = 0.0
         if device.type == "cuda":
-            l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20)
-            self.flush_buffer = torch.empty(max(2 * l2_bytes, 256 << 20) // 4, dtype=torch.float32, device=device)
+            self.flush_buffer = gpu_clock.flush_buffer(device)
             self.reset_l2 = l2_cache.persisting_reset()
+            self.bracket_floor_ms = gpu_clock.bracket_floor_ms(self.flush_buffer)
 
     def clear(self) -> None:
         """Flush L2 and reset persisting lines, and wait for it: the device is idle and cold afterwards."""
         if self.flush_buffer is not None:
-            self.flush_buffer.zero_()
             self.reset_l2()
-            torch.cuda.synchronize()
+            gpu_clock.flush(self.flush_buffer)
 
     def time(self, call: Callable[[], Any], load: HostLoad | None = None) -> tuple[float, Any]:
         """Milliseconds of one call of trusted code, and what it returned; on the CPU, what the host's load cost
-        the call is added to `load` (on the GPU the time is the device's, which the host's load does not stretch)."""
+        the call is added to `load`. On the GPU, as the runner times the candidate (`gpu_clock`)."""
         if self.flush_buffer is None:
             with load.measuring() if load is not None else nullcontext():
                 started = time.perf_counter()
                 out = call()
                 elapsed = (time.perf_counter() - started) * 1e3
             return elapsed, out
-        self.flush_buffer.zero_()
-        self.reset_l2()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = call()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end), out
+        self.clear()
+        elapsed, out = gpu_clock.bracketed_ms(call)
+        return max(elapsed - self.bracket_floor_ms, 0.0), out
 
 
 @dataclass(frozen=True)

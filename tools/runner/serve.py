@@ -23,7 +23,7 @@ import torch
 
 from kernelloop.tools.compilation import build_cache
 from kernelloop.tools.compilation.diagnostics import python_error_diagnostics
-from kernelloop.tools.judge import l2_cache
+from kernelloop.tools.judge import gpu_clock, l2_cache
 from kernelloop.tools.problems import import_problem_module
 from kernelloop.tools.results import CompileResult, Status
 from kernelloop.tools.runner import candidate, guard, library_fence, observer
@@ -115,7 +115,7 @@ class Runner:
             return Started(error=f"the problem failed to load: {exc}")
         if has_gpu and request.timing:  # a compile or a test times nothing: no flush buffer, no calibration
             self.reset_l2 = l2_cache.persisting_reset()
-            self.launch_overhead_ms = self._launch_overhead_ms(_flush_buffer(self.device))
+            self.launch_overhead_ms = gpu_clock.bracket_floor_ms(gpu_clock.flush_buffer(self.device))
         if has_gpu:
             return Started(device=torch.cuda.get_device_name(self.device), launch_overhead_ms=self.launch_overhead_ms)
         return Started(
@@ -212,24 +212,6 @@ class Runner:
         self.output_slots = [[open_shared(s, fds, self.device) for s in slot] for slot in request.output_slots]
         return Prepared(parameter_mapping=mapping)
 
-    def _launch_overhead_ms(self, flush_buffer: torch.Tensor) -> float:
-        """What a timed call adds to the kernels it brackets (device-wide synchronizes, the observer), measured
-        on a one-element kernel exactly as `call` times, each sample after an L2-sized write (the judge's flush
-        precedes every timed call; the GPU's clocks are up)."""
-        one = torch.zeros(1, device=flush_buffer.device)
-        samples: list[float] = []
-        for _ in range(30):
-            flush_buffer.zero_()
-            _synchronize()
-            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-            start.record()
-            one.add_(1.0)
-            _synchronize()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        return sorted(samples)[len(samples) // 2]
-
     # ---- call ------------------------------------------------------------------------------------------
 
     def call(self, request: Call) -> Called:
@@ -241,17 +223,10 @@ class Runner:
         elapsed = None
         try:
             with torch.no_grad():
-                if request.timed and gpu:
-                    # the judge flushed L2 just before asking; a second flush here measured slower on the H200
+                if request.timed and gpu:  # the judge flushed L2 just before asking (the flush is out of reach here)
                     self.reset_l2()
-                    _synchronize()
-                    start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-                    start.record()
-                    output = model(*arguments)
-                    _synchronize()
-                    end.record()
-                    end.synchronize()
-                    elapsed = max(start.elapsed_time(end) - self.launch_overhead_ms, 0.0)
+                    measured, output = gpu_clock.bracketed_ms(lambda: model(*arguments))
+                    elapsed = max(measured - self.launch_overhead_ms, 0.0)
                 elif request.timed:
                     started = _perf_counter()
                     output = model(*arguments)
@@ -323,11 +298,6 @@ def _children_cpu_seconds() -> float:
     """User and system time of the child processes this one has waited for: ninja and the compilers it ran."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def _flush_buffer(device: torch.device) -> torch.Tensor:
-    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (64 << 20)
-    return torch.empty(max(2 * l2_bytes, 256 << 20) // 4, dtype=torch.float32, device=device)
 
 
 def _error_text(exc: BaseException) -> str:
