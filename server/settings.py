@@ -87,5 +87,10 @@ class ServiceSettings(BaseSettings):
 
     @cached_property
     def sandbox(self) -> SandboxSettings:
-        """The sandbox's settings, read from the same environment, in the same data folder."""
-        return SandboxSettings(data_dir=self.data_dir)
+        """The sandbox's settings, read from the same environment, in the same data folder; every worker is shown
+        the registered problems' folder, read-only, so a worker started ahead serves a job of any problem (the
+        folder is made here: a worker is not started without what it is shown)."""
+        sandbox = SandboxSettings(data_dir=self.data_dir)
+        self.problems_dir.mkdir(parents=True, exist_ok=True)
+        shown = [*sandbox.sandbox_read_only_paths, self.problems_dir.resolve()]
+        return sandbox.model_copy(update={"sandbox_read_only_paths": shown})

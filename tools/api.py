@@ -27,6 +27,7 @@ from kernelloop.tools.problems import (
     job_dtype,
     load_problem,
     memory_problem,
+    shipped_problems_dir,
 )
 from kernelloop.tools.results import (
     Backend,
@@ -189,7 +190,7 @@ def _call(
     """The step in a sandboxed worker, its build restored from the cache under `key` and published there
     afterwards (when it was built here and fits the job's disk limit); the job handed to the started worker under
     `admission` (the GPU's lease)."""
-    read_only = [Path(step.problem.path).parent]  # a registered problem's folder (a shipped one is in the package)
+    read_only = _problem_folder_unless_shown(step.problem.path, settings)
     restored: list[bool] = []
 
     def make_job(folder: JobFolder) -> WorkerJob:
@@ -230,6 +231,19 @@ def _call(
             admission=admission,
         )
         return call_worker(request, settings, pool)
+
+
+def _problem_folder_unless_shown(problem_path: str, settings: SandboxSettings) -> list[Path]:
+    """The folder the worker imports the problem from, to be shown to it read-only; none when a folder every worker
+    is shown holds it already (the package's, for a shipped problem; the service's registered problems, in
+    `sandbox_read_only_paths`). A worker started ahead serves the next job of its kind, and a problem's own folder
+    made every problem a kind of its own: a suite's jobs, one problem after another, each started its own worker,
+    and the spares started for it were never used."""
+    folder = Path(problem_path).resolve().parent
+    shown = [Path(p).resolve() for p in settings.sandbox_read_only_paths]
+    if folder.is_relative_to(shipped_problems_dir()) or any(folder.is_relative_to(p) for p in shown):
+        return []
+    return [folder]
 
 
 def _build_outside_the_lease(

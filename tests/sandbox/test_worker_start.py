@@ -210,6 +210,31 @@ def test_a_spare_serves_only_jobs_of_its_kind(workspace, relu_problem, tmp_path:
     assert result.sandbox is not None and not result.sandbox.prestarted
 
 
+def test_a_spare_serves_a_job_of_any_problem_kept_where_every_worker_looks(workspace, tmp_path: Path) -> None:
+    """The service shows every worker its registered problems' folder (`sandbox_read_only_paths`): the spare a job
+    of one problem left behind takes the next job of another, and judges it against that problem."""
+    registered = tmp_path / "registered"
+    paths = []
+    for name, scale in (("scaled_relu", 2.0), ("scaled_relu_3", 3.0)):
+        (registered / name).mkdir(parents=True)
+        paths.append(registered / name / "problem.py")
+        paths[-1].write_text(scaled_relu_problem(scale=scale))
+    first_problem, other = (load_problem(str(path)) for path in paths)
+    settings = workspace.settings.model_copy(update={"sandbox_read_only_paths": [registered]})
+    pool = WorkerPool(max_spares=1)
+    step = api.make_step("test", first_problem, RELU_CANDIDATE, "cpu", EvalOptions(seeds=1))
+    try:
+        first = api.run_phase(step, settings, pool=pool)
+        _await_ready_spares(settings.jobs_dir, 1)
+        result = api.run_phase(step.model_copy(update={"problem": other}), settings, pool=pool)
+    finally:
+        pool.close()
+    assert first.status == Status.passed, first.message
+    # the candidate doubles; the other problem triples: judged against its own problem, in the spare
+    assert result.status == Status.wrong_result, result.message
+    assert result.sandbox is not None and result.sandbox.prestarted
+
+
 class _StandInWorker:
     """What the pool calls on a worker, without a sandbox behind it."""
 
