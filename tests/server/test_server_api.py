@@ -207,6 +207,15 @@ def test_registration_says_which_policies_the_reference_itself_cannot_meet(api: 
     assert created.status_code == 201, created.text
     (note,) = created.json()["unjudgeable"]
     assert "float64 truth could not be computed (TypeError: no Double kernel)" in note, note
+    # a float64 run that does not fit the check's worker says nothing of the problem: not measured, not refused
+    too_big_in_float64 = RELU_PROBLEM.replace(
+        "return torch.relu(x) * self.scale",
+        "if x.dtype == torch.float64:\n            raise RuntimeError(\"DefaultCPUAllocator: can't allocate memory: "
+        'you tried to allocate 9513271296 bytes")\n        return torch.relu(x) * self.scale',
+    )
+    created = api.post("/v1/problems", json={"name": "float64_over_the_workers_memory", "source": too_big_in_float64})
+    assert created.status_code == 201, created.text
+    assert created.json()["unjudgeable"] == []
     plain = api.post("/v1/problems", json={"name": "plain_scaled_relu", "source": RELU_PROBLEM})
     assert plain.status_code in (200, 201) and plain.json()["unjudgeable"] == []
 
