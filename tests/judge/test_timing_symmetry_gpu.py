@@ -1,4 +1,4 @@
-"""Both sides of a speedup timed alike on the GPU (`tools/judge/gpu_clock.py`): a problem's own reference as the
+"""Both sides of a speedup timed alike on the GPU (`tools/runner/gpu_clock.py`): a problem's own reference as the
 candidate (its null solution) measures about 1.0x, for a call of tens of microseconds as for one of a millisecond.
 Timed two ways, the judge's spin-and-write-flush for the reference and the runner's once-calibrated median for the
 candidate, KernelBench's 40 us diagonal scaling measured 1.5x against itself on the H200."""

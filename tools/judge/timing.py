@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from kernelloop.tools.judge import gpu_clock, l2_cache
+from kernelloop.tools.judge import l2_cache
 from kernelloop.tools.results import Timing
+from kernelloop.tools.runner import gpu_clock
 
 MIN_SAMPLES_UNDER_CAP = 3  # a median needs a few samples, even when one call outlasts the time budget
 

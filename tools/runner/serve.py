@@ -23,10 +23,10 @@ import torch
 
 from kernelloop.tools.compilation import build_cache
 from kernelloop.tools.compilation.diagnostics import python_error_diagnostics
-from kernelloop.tools.judge import gpu_clock, l2_cache
+from kernelloop.tools.judge import l2_cache
 from kernelloop.tools.problems import import_problem_module
 from kernelloop.tools.results import CompileResult, Status
-from kernelloop.tools.runner import candidate, guard, library_fence, observer
+from kernelloop.tools.runner import candidate, gpu_clock, guard, library_fence, observer
 from kernelloop.tools.runner.channel import Channel, ChannelBroken
 from kernelloop.tools.runner.messages import (
     NVTX_RANGE,
