@@ -59,17 +59,21 @@ CALIBRATION_CALLS = 12
 # host the fixed cost itself (mostly the copy of the output into the judge's slot) was calibrated at 1.0 to 3.8 ms
 # in runs of the same honest 13-24 ms kernel, leaving -0.7 to 1.9 ms unaccounted (up to 14%). That kernel now takes
 # 7-8 ms on the quiet host and leaves 23 to 33% unaccounted: its output is a transposed view, whose copy costs about
-# 3 ms where the reference's contiguous one, which the calibration sees, costs 0.3 ms. The CPU margin is 30%, at the
-# edge of such a kernel on a quiet host.
+# 3 ms where the reference's contiguous one, which the calibration sees, costs 0.3 ms. The CPU margin was 30%, at the
+# edge of such a kernel on a quiet host; widened by the load (below) it let a clock at two thirds of its speed pass
+# under load (CI, twice in a day). Six runs of that test's scene (two spinners a core) measured the honest control
+# (contiguous output) at 0.1 to 5.4% unaccounted and the forged clock at 42.8 to 67.7% (passed once, at 42.8%,
+# its calibrated overhead 2.5 ms against 1.1-1.4 ms in the others): the CPU margin is 20% (30% at the load cap), and
+# a strided output's copy counts against it (the message says so; the README says to return contiguous outputs).
 # A short honest call there (an argmax of 0.49 ms) once left 0.28 ms unaccounted, the scheduler's noise on two
 # shared cores: the CPU floor is 1 ms.
 ENVELOPE_MARGIN_MS = {"cuda": 0.6, "cpu": 1.0}
-ENVELOPE_MARGIN_REL = {"cuda": 0.05, "cpu": 0.3}
+ENVELOPE_MARGIN_REL = {"cuda": 0.05, "cpu": 0.2}
 # Host load stretches that copy more than the kernel: it runs on every intra-op thread and waits for whichever one a
 # busy core holds back. Under 4 busy processes on that host the same kernel left 28 to 42% of its reported median
 # unaccounted (47% under heavier load). So on the CPU the margin is multiplied by the host's slowdown the judge
 # measured on its own threads while it timed the reference (`timing.HostLoad`: 1.0 quiet, 1.5 to 1.8 under the 4
-# processes), up to HOST_SLOWDOWN_CAP, so that no load, whoever causes it, widens it past 45% of the median: a clock
+# processes), up to HOST_SLOWDOWN_CAP, so that no load, whoever causes it, widens it past 30% of the median: a clock
 # at two thirds of its speed leaves 49% of what it reports unaccounted and is caught at any load (a cap of 2 let it
 # pass once a loaded CI host measured a slowdown over 1.64). A heavier load may call an honest kernel with a costly
 # output copy suspicious: that is the side to err on.
@@ -436,6 +440,11 @@ def _check_envelope(
             f"({overhead_ms:.4f} ms): {unaccounted:.4f} ms a call unaccounted for (margin {margin:.4f} ms, "
             f"widened {load:.2f}x for the host's load)"
         )
+        if backend == "cpu":
+            entry.message += (
+                "; on the CPU the copy of a strided output into the judge's buffer follows the runner's clock and "
+                "counts here: return a contiguous tensor"
+            )
     elif entry.memory_floor_ms and cand.median_ms < entry.memory_floor_ms:
         entry.status = Status.suspicious
         entry.message = (
