@@ -62,6 +62,8 @@ from kernelloop.tools.runner.candidate import copy_parameters, error_text, impor
 CONV1D_PROBLEMS = ("causal_conv1d", "causal_conv1d_fp32", "mamba_causal_conv1d")
 PACKAGE_PROBLEM = "mamba_causal_conv1d"
 PACKAGE_ROW = "causal_conv1d package"
+EXTENSION = "causal_conv1d_cuda"
+"""the package's compiled part, which `setup.py build_ext --inplace` leaves beside its Python folder"""
 FLUSH_BYTES = 256 << 20
 WARMUP_CALLS = 5
 NOTE_CHARS = 600
@@ -155,8 +157,12 @@ def package_call(run: Run, reference: torch.nn.Module, inputs: list[Any]) -> Cal
     try:
         package = importlib.import_module("causal_conv1d")
     except (ImportError, OSError) as exc:  # ModuleNotFoundError included
-        absent = isinstance(exc, ModuleNotFoundError) and exc.name == "causal_conv1d"
-        why = "is not installed" if absent else f"does not import: {error_text(exc)}"
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        why = {
+            "causal_conv1d": "is not installed (a built copy: --package-dir)",
+            EXTENSION: f"imports, but its compiled extension {EXTENSION} is not on the path: build it in the "
+            "package's folder (python3 setup.py build_ext --inplace) and give that folder as --package-dir",
+        }.get(missing or "", f"does not import: {error_text(exc)}")
         raise Skipped(f"the causal_conv1d package {why}") from exc
     if run.device.type != "cuda":
         raise Skipped("the causal_conv1d package runs on CUDA only")
@@ -296,6 +302,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--json", type=Path, help="write every row to this file as JSON too")
     add("--templates", action="append", help="only these templates, comma-separated")
     add("--template-file", type=Path, action="append", default=[], help="an extra KernelBench file to time")
+    add(
+        "--package-dir",
+        type=Path,
+        help=f"a built causal-conv1d (its source folder after `setup.py build_ext --inplace`: causal_conv1d/ and "
+        f"{EXTENSION}*.so), imported from there",
+    )
     args = parser.parse_args(argv)
 
     def check(option: str, given: list[str] | None, choices: list[str]) -> None:
@@ -322,6 +334,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not isinstance(args.params, dict) or not all(isinstance(v, dict) for v in args.params.values()):
         parser.error('argument --params: give a JSON object {"template": {"PARAM": value, ...}, ...}')
     check("--params", list(args.params), templates)
+    if args.package_dir is not None:
+        if not (args.package_dir / "causal_conv1d" / "__init__.py").is_file():
+            parser.error(f"argument --package-dir: {str(args.package_dir)!r} holds no causal_conv1d/ package")
+        if not list(args.package_dir.glob(f"{EXTENSION}*.so")):
+            parser.error(
+                f"argument --package-dir: {str(args.package_dir)!r} holds no built {EXTENSION}*.so: build it there "
+                "first (python3 setup.py build_ext --inplace; a build for sm_90 alone takes minutes)"
+            )
+        sys.path.insert(0, str(args.package_dir.resolve()))
     missing = [str(p) for p in args.template_file if not p.is_file()]
     if missing:
         parser.error(f"argument --template-file: no such file: {missing[0]!r}")

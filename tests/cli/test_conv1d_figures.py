@@ -79,3 +79,21 @@ def test_a_kernel_with_wrong_values_is_marked_wrong(extensions_dir: Path, tmp_pa
     assert rows["plus_one"]["status"] == "WRONG" and rows["plus_one"]["ms"] > 0, rows["plus_one"]
     assert rows["reference"]["status"] == rows[template]["status"] == "ok"
     assert "| plus_one |" in done.stdout and "WRONG" in done.stdout
+
+
+def test_a_package_folder_is_imported_from_and_an_unbuilt_one_refused(extensions_dir: Path, tmp_path: Path) -> None:
+    """--package-dir puts a built copy first on the path: its import is tried (here a broken extension, so the row
+    says why it does not import); a folder without the built extension is refused before anything is timed."""
+    built = tmp_path / "causal-conv1d"
+    (built / "causal_conv1d").mkdir(parents=True)
+    (built / "causal_conv1d" / "__init__.py").write_text("import causal_conv1d_cuda\n")
+    (built / "causal_conv1d_cuda.cpython-311-x86_64-linux-gnu.so").write_bytes(b"not an ELF file")
+    template = discover_templates(PROBLEM, "cpu")[0].name
+    done, rows = figures(extensions_dir, tmp_path / "rows.json", "--templates", template, "--package-dir", str(built))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    package = rows["causal_conv1d package"]
+    assert package["status"] == "skipped" and "does not import" in package["note"], package
+
+    (built / "causal_conv1d_cuda.cpython-311-x86_64-linux-gnu.so").unlink()
+    done, _ = figures(extensions_dir, tmp_path / "none.json", "--package-dir", str(built))
+    assert done.returncode == 2 and "holds no built causal_conv1d_cuda*.so" in done.stderr, done.stderr[-2000:]
