@@ -162,7 +162,7 @@ class Outcome(BaseModel):
 
 def outcome_fields(job: JobPublic) -> tuple[StepStatus, str, bool | None, float | None]:
     """(status, message, correct, speedup) of a job: its last verdict's, and what the service counted for the
-    attempt (a test or benchmark narrowed to fewer shapes or seeds counts for neither: storage.coverage)."""
+    attempt (a test or benchmark narrowed to fewer shapes or seeds counts for neither: tools.coverage)."""
     if job.status == JobStatus.failed:
         return "service_error", job.note or "the service could not run the job", None, None
     if not job.results:

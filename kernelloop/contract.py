@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from sqlalchemy import JSON, Text
 from sqlmodel import Field, SQLModel
 
+from kernelloop.tools.coverage import Coverage
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import JobPhase, Phase
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS, PROBLEM_NAME_PATTERN, ShapeSpec, problem_name
@@ -259,22 +260,6 @@ class EvaluationBase(SQLModel):
     created_at: datetime = Field(default_factory=utcnow, description="when the job was queued")
     started_at: datetime | None = None
     finished_at: datetime | None = None
-
-
-class Coverage(BaseModel):
-    """How much of the problem one test or benchmark covered (storage.coverage). Only full coverage counts:
-    a passed test marks the attempt correct, a passed benchmark sets its speedup; a narrower one is kept,
-    leaves the attempt's summary as it was, and says so in `note`."""
-
-    phase: Literal["test", "benchmark"]
-    shapes_checked: int = PydanticField(
-        description="test: correctness shapes with a passed check; benchmark: benchmark shapes timed and passed"
-    )
-    shapes_required: int = PydanticField(description="the problem's shapes of that kind on the attempt's backend")
-    seeds_checked: int | None = PydanticField(None, description="test: the fewest passed seeds on a checked shape")
-    seeds_required: int | None = PydanticField(None, description="test: the default number of seeds")
-    full: bool
-    note: str = PydanticField(description="e.g. 'partial coverage: 2 of 6 correctness shapes, 1 of 3 seeds; ...'")
 
 
 class EvaluationPublic(EvaluationBase):

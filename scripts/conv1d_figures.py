@@ -42,9 +42,9 @@ import torch
 from kernelloop.agent.templates import Params, discover_templates
 from kernelloop.tools.datasheet import datasheet_peaks
 from kernelloop.tools.judge.checking import flatten_outputs, format_problem, relative_max_error
+from kernelloop.tools.judge.device_state import DTYPES, free_device_memory, set_precision_policy
 from kernelloop.tools.judge.devices import floors
 from kernelloop.tools.judge.inputs import draw_inputs
-from kernelloop.tools.judge.session import DTYPES, free_device_memory, set_precision_policy
 from kernelloop.tools.problems import (
     PRECISIONS,
     ProblemSpec,

@@ -5,7 +5,7 @@ read, less the fields the agent loop fills in: run, parent, step, proposer), wit
 that OpenAI-compatible servers that do not resolve references (vLLM, Ollama) read it too.
 
 Of the options, an agent is offered the timing knobs and, for profile_kernel, the one shape to profile. Narrowing a
-test's or benchmark's shapes or seeds would give a verdict that never counts (storage.coverage), and the worker's
+test's or benchmark's shapes or seeds would give a verdict that never counts (tools.coverage), and the worker's
 timeout and the sample counts are the service's to set; the endpoints still take every option from other clients.
 """
 

@@ -32,7 +32,7 @@ Migration = Callable[[Connection], None]
 
 
 def _recount_attempts(connection: Connection) -> None:
-    """v1 -> v2: an attempt's `correct` and `speedup` count only full-coverage verdicts (storage.coverage), and
+    """v1 -> v2: an attempt's `correct` and `speedup` count only full-coverage verdicts (tools.coverage), and
     the speedup is the most recent such timing rather than the best; the tables are unchanged."""
     with Session(bind=connection) as session:
         recount_attempts(session)

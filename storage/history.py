@@ -2,7 +2,7 @@
 
 An attempt's summary columns (status, stage, compiled, correct, speedup, device) are updated as each
 evaluation is recorded, so listing, filtering and sorting thousands of attempts never opens a result.
-`correct` and `speedup` follow storage.coverage: only verdicts that covered the whole problem count.
+`correct` and `speedup` follow tools.coverage: only verdicts that covered the whole problem count.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from kernelloop.contract import (
     SubmissionRequest,
     utcnow,
 )
-from kernelloop.storage.coverage import Counted, counted
 from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, Problem, Run, row_id, same_named
 from kernelloop.storage.problems import spec_of
+from kernelloop.tools.coverage import Counted, counted
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import (
     Backend,

@@ -18,10 +18,10 @@ from sqlmodel import Session, col, select
 
 from kernelloop.contract import JobLinks, JobPublic, JobStatus, LaneKind, StepProgress, utcnow
 from kernelloop.storage import cancel, idempotency
-from kernelloop.storage.coverage import counted
 from kernelloop.storage.history import parse_result, record_evaluation
 from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, JobEvent, Problem, row_id, same_named
 from kernelloop.storage.problems import spec_of
+from kernelloop.tools.coverage import counted
 from kernelloop.tools.jobs import EvalOptions, Step
 from kernelloop.tools.phase_registry import PHASES, JobPhase, Phase, steps_of
 from kernelloop.tools.problems import ProblemSpec

@@ -13,7 +13,7 @@ from conftest import CPU_EXAMPLE, PROBLEM
 
 from kernelloop.tools import api
 from kernelloop.tools.jobs import EvalOptions
-from kernelloop.tools.judge import session
+from kernelloop.tools.judge import device_state
 from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import BenchmarkResult, ShapeCheck, Status, TestResult
 from kernelloop.tools.sandbox import gpu_lease
@@ -25,18 +25,18 @@ GiB = 1 << 30
 def test_a_large_check_empties_the_cache_only_when_the_device_is_short_of_room(monkeypatch: pytest.MonkeyPatch):
     emptied: list[torch.device] = []
     free = {"bytes": 100 * GiB}
-    monkeypatch.setattr(session, "free_device_memory", emptied.append)
+    monkeypatch.setattr(device_state, "free_device_memory", emptied.append)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 141 * GiB))
     gpu = torch.device("cuda", 0)
 
-    session.make_room(gpu, 24 * GiB)  # the largest causal conv1d check, with 100 GiB free
+    device_state.make_room(gpu, 24 * GiB)  # the largest causal conv1d check, with 100 GiB free
     assert emptied == []
     free["bytes"] = 30 * GiB  # the cache of earlier checks holds most of the device
-    session.make_room(gpu, 24 * GiB)
+    device_state.make_room(gpu, 24 * GiB)
     assert emptied == [gpu]
-    session.make_room(gpu, 2 * GiB)  # a small check reuses the cached blocks: never emptied for it
-    session.make_room(torch.device("cpu"), 24 * GiB)
-    session.make_room(gpu, None)  # a shape whose size is not known ahead
+    device_state.make_room(gpu, 2 * GiB)  # a small check reuses the cached blocks: never emptied for it
+    device_state.make_room(torch.device("cpu"), 24 * GiB)
+    device_state.make_room(gpu, None)  # a shape whose size is not known ahead
     assert emptied == [gpu]
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelloop.storage.coverage import counted
 from kernelloop.tools import api
+from kernelloop.tools.coverage import counted
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemSpec, load_problem, load_problem_file
 from kernelloop.tools.results import Status

@@ -21,7 +21,9 @@ from kernelloop.tools.datasheet import DevicePeaks
 from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.judge import checking, devices, timing
 from kernelloop.tools.judge.compiling import load, start
+from kernelloop.tools.judge.device_state import free_device_memory, set_precision_policy, synchronize
 from kernelloop.tools.judge.inputs import CHEAP_DRAW_S, Redraws, copy_into
+from kernelloop.tools.judge.reference import reference_on, reference_outputs, seeded_reference
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.judge.session import (
     Fail,
@@ -30,20 +32,11 @@ from kernelloop.tools.judge.session import (
     answered,
     as_failure,
     forbidden_message,
-    free_device_memory,
     harness_failure,
-    mutated,
-    poison,
-    prepare,
-    reference_on,
-    reference_outputs,
-    seeded_reference,
     selected,
-    set_precision_policy,
-    share,
     stopwatch,
-    synchronize,
 )
+from kernelloop.tools.judge.shared_buffers import mutated, poison, prepare, share
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import BenchmarkResult, CompileResult, ShapeBenchmark, Status, Timing, TolerancePolicy
 from kernelloop.tools.runner import candidate

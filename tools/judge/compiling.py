@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 
 from kernelloop.tools.jobs import WorkerJob
+from kernelloop.tools.judge.device_state import DTYPES, device_of
 from kernelloop.tools.judge.inputs import SeedSource
 from kernelloop.tools.judge.operator_log import OperatorLog, Tampered
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
-from kernelloop.tools.judge.session import DTYPES, Fail, Report, Session, device_of, stopwatch
+from kernelloop.tools.judge.session import Fail, Report, Session, stopwatch
 from kernelloop.tools.problems import import_problem_module, job_dtype, verdict_policy
 from kernelloop.tools.results import CompileResult, Status
 from kernelloop.tools.runner.messages import Load, Loaded, Start, Started

@@ -14,6 +14,7 @@ import torch
 
 from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.judge.compiling import load, start
+from kernelloop.tools.judge.device_state import free_device_memory, make_room, set_precision_policy, synchronize
 from kernelloop.tools.judge.expectation import expected_for, judged, take_outputs
 from kernelloop.tools.judge.memory_check import BootedTools, boot_tools, memory_check
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
@@ -23,18 +24,11 @@ from kernelloop.tools.judge.session import (
     Session,
     as_failure,
     forbidden_message,
-    free_device_memory,
     harness_failure,
-    make_room,
-    mutated,
-    poison,
-    prepare,
     selected,
-    set_precision_policy,
-    share,
     stopwatch,
-    synchronize,
 )
+from kernelloop.tools.judge.shared_buffers import mutated, poison, prepare, share
 from kernelloop.tools.problems import ShapeSpec, verdict_policy
 from kernelloop.tools.results import ShapeCheck, Status, TestResult
 from kernelloop.tools.runner.messages import Call

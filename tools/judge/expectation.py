@@ -15,16 +15,9 @@ from typing import Any
 import torch
 
 from kernelloop.tools.judge import checking
-from kernelloop.tools.judge.session import (
-    Fail,
-    Session,
-    answered,
-    draw_inputs,
-    free_device_memory,
-    harness_failure,
-    reference_model,
-    synchronize,
-)
+from kernelloop.tools.judge.device_state import free_device_memory, synchronize
+from kernelloop.tools.judge.reference import draw_inputs, reference_model
+from kernelloop.tools.judge.session import Fail, Session, answered, harness_failure
 from kernelloop.tools.problems import ShapeSpec, job_dtype, kernelbench_policy, truth_policy
 from kernelloop.tools.results import ShapeCheck, Status
 from kernelloop.tools.runner import candidate

@@ -60,6 +60,7 @@ from kernelloop.tools.compilation.diagnostics import excerpt, submitted_line
 from kernelloop.tools.jobs import Step, WorkerJob
 from kernelloop.tools.judge import sanitizer_report
 from kernelloop.tools.judge.compiling import load, start
+from kernelloop.tools.judge.device_state import device_of, synchronize
 from kernelloop.tools.judge.expectation import expected_for, judged, take_outputs
 from kernelloop.tools.judge.gpu_tools import gpu_tool, missing_tool_message
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink, ToolRun
@@ -69,15 +70,11 @@ from kernelloop.tools.judge.session import (
     Fail,
     Session,
     as_failure,
-    device_of,
     forbidden_message,
-    poison,
-    prepare,
     selected,
-    share,
     stopwatch,
-    synchronize,
 )
+from kernelloop.tools.judge.shared_buffers import poison, prepare, share
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import (
     MemoryCheck,

@@ -3,8 +3,9 @@
 The registry (`kernelloop.tools.phase_registry`) is imported by the service, which never imports torch; this
 table is the judge's side of it, imported by the worker once its runner is forked. Each phase is its own
 module: `compiling` (the start every phase begins with, and the compile phase), `correctness` (the test phase),
-`benchmarking` (the benchmark phase) and `profiling` (the profile under Nsight Compute), over what they share in
-`session`.
+`benchmarking` (the benchmark phase) and `profiling` (the profile under Nsight Compute), over what they share:
+`session` (the session and its failures), `reference` (the judge's reference and inputs), `shared_buffers` (the
+buffers shared with the runner) and `device_state` (the judge's device, precision and memory).
 """
 
 from __future__ import annotations

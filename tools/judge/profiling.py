@@ -23,7 +23,9 @@ from kernelloop.tools.datasheet import datasheet_peaks
 from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.judge import ncu_report, profile_summary, timing
 from kernelloop.tools.judge.compiling import load, start
+from kernelloop.tools.judge.device_state import set_precision_policy
 from kernelloop.tools.judge.gpu_tools import gpu_tool, missing_tool_message
+from kernelloop.tools.judge.reference import reference_on, reference_outputs, seeded_reference
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink, ToolRun
 from kernelloop.tools.judge.session import (
     CALL_DEADLINE_FACTOR,
@@ -33,15 +35,10 @@ from kernelloop.tools.judge.session import (
     answered,
     as_failure,
     harness_failure,
-    prepare,
-    reference_on,
-    reference_outputs,
-    seeded_reference,
     selected,
-    set_precision_policy,
-    share,
     stopwatch,
 )
+from kernelloop.tools.judge.shared_buffers import prepare, share
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import ProfileResult, Status
 from kernelloop.tools.runner.messages import NVTX_RANGE, Call

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kernelloop.contract import Coverage
+from pydantic import BaseModel, Field
+
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import BenchmarkResult, PhaseResult, Status, TestResult
@@ -25,6 +26,22 @@ NOT_COUNTED = {
     "benchmark": "a narrowed benchmark does not set the attempt's speedup",
 }
 """what a passed test or benchmark that did not cover the whole problem does not count for"""
+
+
+class Coverage(BaseModel):
+    """How much of the problem one test or benchmark covered (`counted` below). Only full coverage counts:
+    a passed test marks the attempt correct, a passed benchmark sets its speedup; a narrower one is kept,
+    leaves the attempt's summary as it was, and says so in `note`."""
+
+    phase: Literal["test", "benchmark"]
+    shapes_checked: int = Field(
+        description="test: correctness shapes with a passed check; benchmark: benchmark shapes timed and passed"
+    )
+    shapes_required: int = Field(description="the problem's shapes of that kind on the attempt's backend")
+    seeds_checked: int | None = Field(None, description="test: the fewest passed seeds on a checked shape")
+    seeds_required: int | None = Field(None, description="test: the default number of seeds")
+    full: bool
+    note: str = Field(description="e.g. 'partial coverage: 2 of 6 correctness shapes, 1 of 3 seeds; ...'")
 
 
 @dataclass(frozen=True)
