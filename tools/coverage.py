@@ -29,7 +29,7 @@ NOT_COUNTED = {
 
 
 class Coverage(BaseModel):
-    """How much of the problem one test or benchmark covered (`counted` below). Only full coverage counts:
+    """How much of the problem one test or benchmark covered (tools.coverage). Only full coverage counts:
     a passed test marks the attempt correct, a passed benchmark sets its speedup; a narrower one is kept,
     leaves the attempt's summary as it was, and says so in `note`."""
 
