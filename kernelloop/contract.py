@@ -626,7 +626,9 @@ class Health(BaseModel):
     status: Literal["ok"]
     version: str
     schema_version: int
-    database: str = Field(description="the database URL, password hidden")
+    database: str = Field(
+        description="the database URL, password hidden, to a caller with the token; its kind (sqlite) to others"
+    )
     isolation: str = Field(description="the sandbox in force for submitted code")
     auth: Literal["token", "none"] = Field(description="none: state-changing calls are open, loopback clients only")
     default_backend: Literal["cuda", "cpu"]

@@ -16,7 +16,7 @@ from kernelloop.contract import package_version
 from kernelloop.server import docs_page, errors, openapi
 from kernelloop.server.devices import gpu_lane_ids
 from kernelloop.server.executor import Executor, LocalExecutor
-from kernelloop.server.limits import BodySizeLimit, LoopbackOnly
+from kernelloop.server.limits import BodySizeLimit, LoopbackOnly, NoEncodedSlash
 from kernelloop.server.mcp_mount import MCP_PATH, mount_mcp
 from kernelloop.server.routes import history, jobs, meta, problems, suites, tools
 from kernelloop.server.routes.deps import refuse_what_the_route_does_not_take
@@ -108,5 +108,6 @@ def create_app(settings: ServiceSettings, executor: Executor | None = None) -> F
         app.include_router(router)
     mcp = mount_mcp(app, service, settings.api_token)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, own_text_checks=frozenset({MCP_PATH}))
+    app.add_middleware(NoEncodedSlash)
     app.add_middleware(LoopbackOnly, enabled=settings.api_token is None)
     return app

@@ -52,6 +52,15 @@ def guard_read(request: Request, credentials: Credentials) -> None:
     _check_token(request.app.state.service.settings.api_token, credentials, describe_call(request))
 
 
+def carries_token(request: Request, credentials: HTTPAuthorizationCredentials | None) -> bool:
+    """The caller may read what the token guards: the service has no token (loopback only), or the call carries it."""
+    try:
+        _check_token(request.app.state.service.settings.api_token, credentials, describe_call(request))
+    except ApiError:
+        return False
+    return True
+
+
 def describe_call(request: Request) -> str:
     """What the call does, for its 401: a read of what the service holds, or a change of it."""
     does = "changes state" if request.method in MUTATING_METHODS else "reads the service's records"

@@ -1,5 +1,5 @@
-"""Request limits: body size, a per-client rate limit on state-changing calls, and loopback-only access
-while no API token is set."""
+"""Request limits: body size, a per-client rate limit on state-changing calls, no encoded slash in a path, and
+loopback-only access while no API token is set."""
 
 from __future__ import annotations
 
@@ -237,6 +237,31 @@ def _find_long_integer(node: Any, where: str) -> tuple[str, _LongInteger] | None
         if found is not None:
             return found
     return None
+
+
+ENCODED_SLASH = b"%2f"
+"""decoded before routing, it would make one segment two: `causal_conv1d%2Fleaderboard` a problem's leaderboard"""
+
+
+class NoEncodedSlash:
+    """A path holding an encoded slash (%2F) is a 400 on every path, a route's or none's: decoded, it would be
+    routed as two segments (another route's answer, a 404 naming the decoded path, a redirect to a route)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw_path: bytes = (scope.get("raw_path") or b"") if scope["type"] == "http" else b""
+        if ENCODED_SLASH in raw_path.lower():
+            problem = ErrorBody(
+                error="encoded_slash",
+                message=f"the path {raw_path.decode('latin-1')[:300]!r} holds an encoded slash (%2F)",
+                field="path",
+                fix="no name holds a slash: send the names the API lists, with plain slashes between the segments",
+            )
+            await error_response(400, problem)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class LoopbackOnly:

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from sqlmodel import Session
 
 from kernelloop.contract import MAX_ID
+from kernelloop.server.auth import bearer, guard_mutation, guard_read
 from kernelloop.server.errors import ApiError
 from kernelloop.server.service import Service
 
@@ -34,30 +35,19 @@ AttemptId = Annotated[int, Path(ge=1, le=MAX_ID, description="an attempt id")]
 RunId = Annotated[int, Path(ge=1, le=MAX_ID, description="a run id")]
 
 
-ENCODED_SLASH = b"%2f"
-"""decoded before routing, it would make one segment two: `causal_conv1d%2Fleaderboard` a problem's leaderboard"""
-
-
 async def refuse_what_the_route_does_not_take(request: Request) -> None:
     """A dependency of every route (the app's): a query parameter the route does not declare is a 422 naming it, as
     an unknown body field is (`/v1/leaderboard?problem=X` would answer every problem's board, `?wiat=false` a call
-    that waits); a path whose segment holds an encoded slash (`causal_conv1d%2Fleaderboard`) is a 400, not
-    another route's answer."""
-    raw_path = request.scope.get("raw_path") or b""
-    if ENCODED_SLASH in raw_path.lower():
-        raise ApiError(
-            400,
-            "encoded_slash",
-            f"the path {raw_path.decode('latin-1')[:300]!r} holds an encoded slash (%2F) inside a segment",
-            field="path",
-            fix="no name holds a slash: send the names the API lists, with plain slashes between the segments",
-        )
+    that waits); on a route the token guards, only to a caller that carries the token (one without it gets the
+    401 first, and learns nothing of the route's parameters)."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
     known = query_parameters(route)
     unknown = sorted(set(request.query_params) - known)
     if unknown:
+        if guarded(route):
+            guard_read(request, await bearer(request))
         takes = f"this call takes {', '.join(sorted(known))}" if known else "this call takes no query parameters"
         raise ApiError(
             422,
@@ -79,6 +69,17 @@ def query_parameters(route: APIRoute) -> frozenset[str]:
     if known is None:
         known = _DECLARED[id(route)] = _declared(route)
     return known
+
+
+def guarded(route: APIRoute) -> bool:
+    """The route, or a dependency of it, needs the token (its read or its write guard)."""
+    pending: list[Dependant] = [route.dependant]
+    while pending:
+        dependant = pending.pop()
+        if dependant.call in (guard_read, guard_mutation):
+            return True
+        pending.extend(dependant.dependencies)
+    return False
 
 
 def _declared(route: APIRoute) -> frozenset[str]:

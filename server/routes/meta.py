@@ -6,12 +6,12 @@ import asyncio
 import time
 from typing import Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from sqlalchemy import text
 from sqlmodel import Session
 
 from kernelloop.contract import DevicesReport, Health, LaneState, QueueDepth, ToolsCatalog, package_version
-from kernelloop.server.auth import READ_GUARDED, ReadGuard
+from kernelloop.server.auth import READ_GUARDED, Credentials, ReadGuard, carries_token
 from kernelloop.server.devices import gpu_inventory
 from kernelloop.server.routes.deps import ServiceDep
 from kernelloop.server.service import Service
@@ -24,7 +24,7 @@ from kernelloop.tools.sandbox.launch import available_isolation
 router = APIRouter(prefix="/v1", tags=["service"])
 
 
-def _health(service: Service) -> Health:
+def _health(service: Service, trusted: bool) -> Health:
     with Session(service.engine) as session:
         session.exec(text("SELECT 1"))  # type: ignore[call-overload]
         depth = queue.queue_depth(session)
@@ -36,7 +36,7 @@ def _health(service: Service) -> Health:
         status="ok",
         version=package_version(),
         schema_version=SCHEMA_VERSION,
-        database=describe_url(str(service.engine.url)),
+        database=describe_url(str(service.engine.url)) if trusted else service.engine.url.get_backend_name(),
         isolation=available_isolation(service.settings.sandbox),
         auth="token" if service.settings.api_token else "none",
         default_backend=service.default_backend,
@@ -50,9 +50,10 @@ def _health(service: Service) -> Health:
 
 
 @router.get("/health", response_model=Health)
-async def health(service: ServiceDep) -> Health:
-    """The service answers, its database answers; versions, sandbox, lanes, queue depth, the hosts that run steps."""
-    return await asyncio.to_thread(_health, service)
+async def health(request: Request, service: ServiceDep, credentials: Credentials) -> Health:
+    """The service answers, its database answers; versions, sandbox, lanes, queue depth, the hosts that run steps.
+    Public: the database's URL (where it lives) only to a caller with the token, its kind to others."""
+    return await asyncio.to_thread(_health, service, carries_token(request, credentials))
 
 
 def _devices(service: Service) -> DevicesReport:

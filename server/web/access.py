@@ -1,14 +1,20 @@
 """Who may read the pages: the API's rule, with a cookie a browser can carry.
 
 Without an API token the service answers loopback clients only (server.limits.LoopbackOnly) and the pages
-are open to them, as the API is. With a token, a page needs it: from the login form, which keeps it in an
-HttpOnly, SameSite=Strict cookie, or as the API's bearer header. The cookie opens the pages and their
-polled JSON only, never the /v1 API: a page can read the history, nothing a browser sends can change it.
+are open to them, as the API is. With a token, a page needs it: from the login form, which sets an HttpOnly,
+SameSite=Strict cookie, or as the API's bearer header. The cookie holds a session value derived from the token
+(an HMAC of it under a key kept in the data folder), never the token itself: a stolen cookie does not give the
+token, and a new token (or a deleted key) ends every session. The cookie opens the pages and their polled JSON
+only, never the /v1 API: a page can read the history, nothing a browser sends can change it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 import secrets
+from pathlib import Path
 from urllib.parse import quote
 
 from fastapi import Request
@@ -18,6 +24,8 @@ from kernelloop.server.routes.deps import get_service
 
 COOKIE = "kernelloop_token"
 COOKIE_MAX_AGE_S = 7 * 24 * 3600
+SESSION_KEY_FILE = "session.key"
+"""in the data folder, which the sandbox hides from submitted code"""
 
 
 class LoginRequired(Exception):
@@ -42,14 +50,45 @@ def may_read(request: Request) -> bool:
     token = token_of(request)
     if token is None:
         return True
-    offered = request.cookies.get(COOKIE) or _bearer(request)
-    return offered is not None and matches(token, offered)
+    bearer = _bearer(request)
+    return logged_in(request) or (bearer is not None and matches(token, bearer))
 
 
 def logged_in(request: Request) -> bool:
-    """The browser holds the login cookie with the token: only then is there a session to log out of."""
+    """The browser holds the session cookie the login set: only then is there a session to log out of."""
     token, offered = token_of(request), request.cookies.get(COOKIE)
-    return token is not None and offered is not None and matches(token, offered)
+    return (
+        token is not None
+        and offered is not None
+        and secrets.compare_digest(offered.encode(), session_value(request).encode())
+    )
+
+
+def session_value(request: Request) -> str:
+    """The login cookie's value: an HMAC of the API token under this install's session key."""
+    token = token_of(request)
+    assert token is not None, "a session exists only where the service has a token"
+    key = session_key(get_service(request).settings.data_dir)
+    return hmac.new(key, token.get_secret_value().encode(), hashlib.sha256).hexdigest()
+
+
+def session_key(data_dir: Path) -> bytes:
+    """The install's session key, made whole on first use (32 random bytes, readable by the service's user only;
+    linked into place, so a second process reads the first one's key, never half of it)."""
+    path = data_dir / SESSION_KEY_FILE
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        draft = data_dir / f"{SESSION_KEY_FILE}.{secrets.token_hex(8)}"
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(secrets.token_bytes(32))
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass  # another process made it first: its key is the one
+        finally:
+            draft.unlink()
+    return path.read_bytes()
 
 
 def matches(token: SecretStr, offered: str) -> bool:

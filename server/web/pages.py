@@ -185,7 +185,7 @@ def log_in(
     if expected is not None:
         response.set_cookie(
             access.COOKIE,
-            token,
+            access.session_value(request),
             max_age=access.COOKIE_MAX_AGE_S,
             httponly=True,
             samesite="strict",

@@ -146,3 +146,49 @@ def test_a_run_whose_client_is_gone_is_marked_interrupted_and_an_api_run_can_be_
     assert marked["finished_at"][:10] in marked["notes"]  # with when
     assert api.get(f"/v1/runs/{kept['id']}").json()["status"] == "active"
     assert api.get(f"/v1/runs/{finished['id']}").json()["status"] == "finished"
+
+
+def test_an_encoded_slash_is_a_400_on_every_path_matched_or_not(service: ServiceProcess, api: httpx.Client) -> None:
+    # where no route matched, `%2F` was decoded: `/v1/runs/1%2F1` a 404 "GET /v1/runs/1/1", a trailing one a 307
+    anonymous = httpx.Client(base_url=service.url, timeout=60)
+    for client in (api, anonymous):
+        for path in ("/v1/runs/1%2F1", "/v1/runs%2F", "/v1/nothing%2fhere", "/runs%2F", "/v1/health%2F"):
+            answer = client.get(path, follow_redirects=False)
+            assert answer.status_code == 400 and answer.json()["error"] == "encoded_slash", (path, answer.text)
+
+
+def test_a_caller_without_the_token_gets_401_whatever_its_parameters(
+    service: ServiceProcess, api: httpx.Client
+) -> None:
+    # the unknown-parameter check answered 422 first, so a caller without a token learnt each route's parameters
+    anonymous = httpx.Client(base_url=service.url, timeout=60)
+    wrong = httpx.Client(base_url=service.url, timeout=60, headers={"Authorization": "Bearer not-the-token"})
+    for method, template, url in _operations(api.get("/openapi.json").json()):
+        if template in ("/v1/health", "/v1/tools"):
+            continue
+        for client in (anonymous, wrong):
+            body = {} if method in ("POST", "PATCH") else None
+            answer = client.request(method, url, params={UNKNOWN: "1"}, json=body)
+            assert answer.status_code == 401, (method, template, answer.status_code, answer.text[:300])
+            assert UNKNOWN not in answer.text, answer.text
+
+
+def test_health_shows_the_anonymous_no_path(service: ServiceProcess, api: httpx.Client) -> None:
+    anonymous = httpx.Client(base_url=service.url, timeout=60).get("/v1/health")
+    assert anonymous.status_code == 200, anonymous.text
+    database = anonymous.json()["database"]
+    assert database == "sqlite", anonymous.json()  # the kind of database, not where it lives
+    assert str(service.data_dir) not in anonymous.text and "/" not in database, anonymous.text
+    trusted = api.get("/v1/health").json()["database"]
+    assert trusted.startswith("sqlite:///") and service.db.name in trusted, trusted
+
+
+def test_the_login_cookie_is_not_the_token(service: ServiceProcess) -> None:
+    with httpx.Client(base_url=service.url, timeout=60) as browser:
+        browser.post("/login", data={"token": TOKEN, "next": "/runs"}, follow_redirects=False)
+        values = list(browser.cookies.values())
+        assert values and all(TOKEN not in value for value in values), values
+        assert browser.get("/runs").status_code == 200  # and it still opens the pages
+    with httpx.Client(base_url=service.url, timeout=60, cookies={"kernelloop_token": TOKEN}) as forged:
+        # the raw token in the cookie is no session: a cookie the login did not issue opens nothing
+        assert forged.get("/runs", follow_redirects=False).status_code == 303
