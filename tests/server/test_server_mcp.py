@@ -116,8 +116,8 @@ def test_both_transports_refuse_a_shape_the_phase_does_not_have_as_the_http_api_
             with service.client() as api:
                 http = api.post(TOOLS_BY_NAME[tool].endpoint, json=body).json()
             text = answers[tool].content[0].text
-            assert answers[tool].is_error and text.startswith(f"422 {http['error']} ("), text
-            assert "options.shapes): " in text, text  # the field as the transport names it (over HTTP, no body.)
+            # the field as the transport names it, right after the status: over MCP no "body." prefix
+            assert answers[tool].is_error and text.startswith(f"422 {http['error']} (options.shapes): "), text
             assert http["message"] in text and f"no {kind} shape {shapes[0]!r}" in text, text
             assert all(name in text for name in shape_names(kind, "cpu")), text
 
