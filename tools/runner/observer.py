@@ -95,9 +95,14 @@ def _overload_called_through_the_dispatcher(name: str, overload: str) -> tuple[A
     original: an overload first looked up by the candidate has none (torch reads them for compilation's choices)."""
     try:
         handle = torch._C._dispatch_find_schema_or_throw(name, overload)
-    except RuntimeError:
-        return None
-    call = functools.partial(torch._C._dispatch_call_boxed, handle)
+        call: Any = functools.partial(torch._C._dispatch_call_boxed, handle)
+    except RuntimeError:  # an operator of the JIT's alone (no dispatcher, no kernel): its call picks the overload
+        try:
+            call, overloads = torch._C._jit_get_operation(name)
+        except RuntimeError:
+            return None
+        if overload not in overloads:
+            return None
     return call, functools.partial(_key_dropped, call), []
 
 
