@@ -31,8 +31,10 @@ def get_init_inputs():
 DTYPE = "float32"
 ALLOW_TF32 = True  # PyTorch's default for cuDNN convolutions
 # patterns (fnmatch) over operator names: the whole convolution family, whatever namespace or overload
+# (every registered schema naming `conv` is matched here or allowed with its reason: tests/exploits, the family test)
 FORBIDDEN_OPS = ["*::*convolution*", "*::conv1d*", "*::conv2d*", "*::conv3d*", "*::conv_*", "*::_conv_*",
-                 "*::slow_conv*", "*::thnn_conv*", "*::cudnn_conv*", "*::miopen_conv*", "*::mkldnn_conv*"]
+                 "*::slow_conv*", "*::_slow_conv*", "*::thnn_conv*", "*::cudnn_conv*", "*::miopen_conv*",
+                 "*::mkldnn_conv*", "*::qconv*"]
 # cuDNN's files are unreadable to the candidate's process: a binding cannot call it below the dispatcher either
 FORBIDDEN_LIBRARIES = ["cudnn"]
 

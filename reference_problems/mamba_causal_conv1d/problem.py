@@ -7,6 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernelloop.reference_problems.causal_conv1d.problem import FORBIDDEN_OPS as CONVOLUTION_FAMILY
+
 
 class Model(nn.Module):
     def __init__(self, channels: int, kernel_size: int = 4, bias: bool = True, silu: bool = True):
@@ -31,9 +33,9 @@ def get_init_inputs():
 # ---- kernelloop metadata (KernelBench ignores it) ----
 DTYPE = "float32"
 ALLOW_TF32 = False  # a depthwise conv has no matrix product: strict fp32
-# patterns (fnmatch) over operator names: the whole convolution family, whatever namespace or overload
-FORBIDDEN_OPS = ["*::*convolution*", "*::conv1d*", "*::conv2d*", "*::conv3d*", "*::conv_*", "*::_conv_*",
-                 "*::slow_conv*", "*::thnn_conv*", "*::cudnn_conv*", "*::miopen_conv*", "*::mkldnn_conv*"]
+# patterns (fnmatch) over operator names: the whole convolution family, whatever namespace or overload (the
+# dense problem's list, one list for the family)
+FORBIDDEN_OPS = CONVOLUTION_FAMILY
 # cuDNN's files are unreadable to the candidate's process: a binding cannot call it below the dispatcher either
 FORBIDDEN_LIBRARIES = ["cudnn"]
 

@@ -46,20 +46,27 @@ def refuse_switches() -> None:
 
 
 def make_redispatch_a_call() -> None:
-    """Leave Python no redispatch that the observer does not see. `OpOverload.redispatch` and an operator handle's
-    `redispatch_boxed` run an operator's kernel for a dispatch key of the caller's choice, below the dispatcher's
-    RecordFunction: a Python redispatch of `aten::mkldnn_convolution` to the CPU key convolved unseen. The
-    handle's method is replaced by a call of the same operator through the dispatcher, and the original is let go
-    (torch's fast Python dispatch of its own operators held it bound: that is set up again), so no Python object
-    is left that redispatches. Refusing instead would break `torch.library.custom_op`: its autograd kernel, torch's
+    """Leave Python no door to a kernel that the observer does not see. Each of these runs an operator's kernel for
+    a dispatch key of the caller's choice, below the dispatcher's RecordFunction (a Python redispatch of
+    `aten::mkldnn_convolution` to the CPU key convolved unseen): `OpOverload.redispatch` and an operator handle's
+    `redispatch_boxed`; an overload's `_op_dk` and the same made afresh by `torch._C._get_operation_overload`; a
+    computed kernel's `call_boxed` (`torch._C._dispatch_get_computed_kernel_for_dispatch_key`). Each becomes a call
+    of the same operator through the dispatcher, which is seen, and the originals are let go (torch's fast Python
+    dispatch of its own operators held them bound: that is set up again), so no Python object is left that
+    reaches a kernel unseen. Refusing instead would break `torch.library.custom_op`: its autograd kernel, torch's
     one caller, redispatches below autograd inside `_AutoDispatchBelowAutograd`, where the call reaches the same
-    kernel (and is recorded)."""
+    kernel (and is recorded). The methods and functions reviewed are listed in
+    `test_every_door_python_has_to_a_kernel_is_reviewed`, which fails on one a later torch adds."""
     torch._C._DispatchOperatorHandle.redispatch_boxed = _called_through_the_dispatcher  # type: ignore[method-assign,assignment]
+    torch._C._SafeKernelFunction.call_boxed = _kernel_called_through_the_dispatcher  # type: ignore[method-assign,assignment]
+    torch._C._get_operation_overload = _overload_called_through_the_dispatcher  # type: ignore[assignment]
     for op in gc.get_objects():
         # no __class__ lookup; torch before 2.14 has no fast Python dispatch, and its redispatch looks the method up
-        if issubclass(type(op), torch._ops.OpOverload) and getattr(op, "_pyobj_dispatcher", None) is not None:
-            op._enable_pyobj_dispatch(False)
-            op._enable_pyobj_dispatch(True)
+        if issubclass(type(op), torch._ops.OpOverload):
+            op._op_dk = functools.partial(_key_dropped, op._op)
+            if getattr(op, "_pyobj_dispatcher", None) is not None:
+                op._enable_pyobj_dispatch(False)
+                op._enable_pyobj_dispatch(True)
 
 
 def _called_through_the_dispatcher(handle: Any, keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
@@ -67,6 +74,36 @@ def _called_through_the_dispatcher(handle: Any, keyset: torch._C.DispatchKeySet,
     sees it. The `keyset` is dropped: torch's one caller is inside `_AutoDispatchBelowAutograd`, whose thread-local
     keys lead the call to the kernel the keyset named."""
     return torch._C._dispatch_call_boxed(handle, *args, **kwargs)
+
+
+def _kernel_called_through_the_dispatcher(
+    kernel: Any, keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any
+) -> Any:
+    """A computed kernel's `call_boxed`, in its place: its operator called through the dispatcher."""
+    return torch._C._dispatch_call_boxed(kernel.op_handle, *args, **kwargs)
+
+
+def _key_dropped(call: Any, key: torch._C.DispatchKey, *args: Any, **kwargs: Any) -> Any:
+    """An overload's `_op_dk` (a call for one dispatch key), in its place: the overload's own call, through the
+    dispatcher, the key dropped as `redispatch_boxed`'s is."""
+    return call(*args, **kwargs)
+
+
+def _overload_called_through_the_dispatcher(name: str, overload: str) -> tuple[Any, Any, list[Any]] | None:
+    """`torch._C._get_operation_overload`, in its place (the original, which makes a fresh `_op_dk`, is let go): the
+    overload's call and its call for a key, both through the dispatcher. Its tags are not known without the
+    original: an overload first looked up by the candidate has none (torch reads them for compilation's choices)."""
+    try:
+        handle = torch._C._dispatch_find_schema_or_throw(name, overload)
+        call: Any = functools.partial(torch._C._dispatch_call_boxed, handle)
+    except RuntimeError:  # an operator of the JIT's alone (no dispatcher, no kernel): its call picks the overload
+        try:
+            call, overloads = torch._C._jit_get_operation(name)
+        except RuntimeError:
+            return None
+        if overload not in overloads:
+            return None
+    return call, functools.partial(_key_dropped, call), []
 
 
 def _refused(name: str, *args: object, **kwargs: object) -> None:
