@@ -9,10 +9,12 @@ literals the search reads without running the file (running it would build it):
     BASELINE = True                        # optional: the search starts from this one
     BACKEND = "cuda"                       # optional: default "cpu" for files named cpu_*.py, else "cuda"
     PRECISIONS = ["fp32", "bf16"]          # optional: KernelBench precisions it takes; default fp32 only
+    MODES = ["train"]                      # optional: the modes it is searched in (infer, train); default infer
 
 A file without both PARAMS and PARAM_SPACE (a helper script) is not a template. When no template of a
 backend is marked BASELINE, the problem's `example_<backend>.py` is the baseline. A run with `--precision`
-searches only the templates that list that precision.
+searches only the templates that list that precision. A template listed for train carries a backward (its
+ModelNew's gradients are its own kernels); a search finds a template only in the modes it lists.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pydantic import BaseModel, Field
 from kernelloop.tools.problems import PRECISIONS, shipped_problems_dir
 from kernelloop.tools.results import Backend
 
+MODES = ("infer", "train")
+"""forward only, or forward and backward: the modes a template can be searched in"""
 ParamValue = int | float | str | bool
 Params = dict[str, ParamValue]
 
@@ -45,6 +49,7 @@ class KernelTemplate(BaseModel):
     param_space: dict[str, list[ParamValue]]
     constraints: list[str] = []
     precisions: list[str] = Field(["fp32"], description="the KernelBench precisions the template's ModelNew takes")
+    modes: list[str] = Field(["infer"], description="the modes it is searched in (train: it carries a backward)")
 
     def source(self) -> str:
         return self.path.read_text()
@@ -99,7 +104,7 @@ def _module_literals(source: str, path: Path) -> tuple[dict[str, Any], dict[str,
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             name = node.targets[0].id
-            if name in ("PARAMS", "PARAM_SPACE", "PARAM_CONSTRAINTS", "BASELINE", "BACKEND", "PRECISIONS"):
+            if name in ("PARAMS", "PARAM_SPACE", "PARAM_CONSTRAINTS", "BASELINE", "BACKEND", "PRECISIONS", "MODES"):
                 try:
                     values[name] = ast.literal_eval(node.value)
                 except ValueError as exc:
@@ -145,6 +150,9 @@ def load_template(path: Path) -> KernelTemplate | None:
     precisions = values.get("PRECISIONS", ["fp32"])
     if not isinstance(precisions, list) or not precisions or not set(precisions) <= set(PRECISIONS):
         raise TemplateError(f"{path}: PRECISIONS must be a non-empty list of {sorted(PRECISIONS)}, not {precisions!r}")
+    modes = values.get("MODES", ["infer"])
+    if not isinstance(modes, list) or not modes or not set(modes) <= set(MODES):
+        raise TemplateError(f"{path}: MODES must be a non-empty list of {list(MODES)}, not {modes!r}")
     return KernelTemplate(
         name=path.stem,
         path=path,
@@ -154,6 +162,7 @@ def load_template(path: Path) -> KernelTemplate | None:
         param_space=space,
         constraints=list(values.get("PARAM_CONSTRAINTS", [])),
         precisions=precisions,
+        modes=modes,
     )
 
 
@@ -167,9 +176,11 @@ def problem_folder(problem: str) -> Path | None:
     return next((folder for folder in candidates if (folder / "problem.py").is_file()), None)
 
 
-def discover_templates(problem: str, backend: Backend, errors: list[str] | None = None) -> list[KernelTemplate]:
-    """The problem's templates for `backend`, sorted by name; [] for a problem that ships none. A file that
-    breaks the convention is skipped, and what is wrong with it appended to `errors`."""
+def discover_templates(
+    problem: str, backend: Backend, errors: list[str] | None = None, mode: str = "infer"
+) -> list[KernelTemplate]:
+    """The problem's templates for `backend` and `mode`, sorted by name; [] for a problem that ships none. A file
+    that breaks the convention is skipped, and what is wrong with it appended to `errors`."""
     folder = problem_folder(problem)
     if folder is None or not (folder / "templates").is_dir():
         return []
@@ -183,7 +194,7 @@ def discover_templates(problem: str, backend: Backend, errors: list[str] | None 
             if errors is not None:
                 errors.append(f"template skipped: {exc}")
             continue
-        if template is not None and template.backend == backend:
+        if template is not None and template.backend == backend and mode in template.modes:
             found.append(template)
     return found
 
