@@ -302,9 +302,12 @@ def test_search_refuses_a_problem_without_templates_saying_what_a_problem_folder
     assert SearchProposer.unavailable_reason(config) is None
     proposer = SearchProposer(config)
     assert proposer.baseline is not None and proposer.baseline.name == "example_cpu" and proposer.templates == []
-    shipped = next((reference / "templates").glob("cpu_*.py"))
-    (folder / "templates" / shipped.name).write_text(shipped.read_text())
-    assert [t.name for t in discover_templates(str(folder / "problem.py"), "cpu")] == [shipped.stem]
+    # one forward template and one training template: the forward search finds only the first
+    shipped = REPO / "reference_problems" / "causal_conv1d" / "templates"
+    for name in ("cpu_blocked.py", "cpu_train_naive.py"):
+        (folder / "templates" / name).write_text((shipped / name).read_text())
+    assert [t.name for t in discover_templates(str(folder / "problem.py"), "cpu")] == ["cpu_blocked"]
+    assert [t.name for t in discover_templates(str(folder / "problem.py"), "cpu", mode="train")] == ["cpu_train_naive"]
 
 
 # ----------------------------------------------------------------------------------------- transcripts
