@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: run test check gpu-check
+.PHONY: run test test-fast test-scenarios check gpu-check
 
 # What `make run` uses: torch and the project. The test extras (pytest, schemathesis, playwright, Ray, ruff, mypy)
 # come on top for `make test`, `make check` and `make gpu-check` (.kernelloop-installed: everything).
@@ -24,11 +24,24 @@ run: $(BIN)/.kernelloop-run-installed
 	$(BIN)/kernelloop agent run --problem causal_conv1d
 
 # Two test files at a time (pytest-xdist, a file's tests in one process): the suite spends about half its time
-# waiting on services, sandboxes and deadlines, so on a 2-core machine two processes finish in about 12 minutes
-# what one does in 19. TEST_PROCESSES=0 runs it in this process alone.
+# waiting on services, sandboxes and deadlines. TEST_PROCESSES=0 runs it in this process alone.
+# Two tiers, each with a budget of wall time on a 2-core host: the fast tier (every unit and contract test, for each
+# change) and the scenarios (marked `scenario`: real builds of torch's headers, a search, services, a browser).
+# Each run prints its time against its budget and its ten slowest tests, and fails only past twice its budget.
 TEST_PROCESSES ?= 2
+PYTEST = $(BIN)/python -m pytest --numprocesses=$(TEST_PROCESSES) --dist=loadfile --durations=10
+FAST_BUDGET_S ?= 300
+SCENARIO_BUDGET_S ?= 600
+test-fast: $(BIN)/.kernelloop-installed
+	$(PYTEST) -m "not scenario" --tier-budget-s=$(FAST_BUDGET_S)
+
+test-scenarios: $(BIN)/.kernelloop-installed
+	$(PYTEST) -m scenario --tier-budget-s=$(SCENARIO_BUDGET_S)
+
+# Both tiers, the scenarios even when a fast test failed: one run shows every failure.
 test: $(BIN)/.kernelloop-installed
-	$(BIN)/python -m pytest --numprocesses=$(TEST_PROCESSES) --dist=loadfile
+	@status=0; $(MAKE) --no-print-directory test-fast || status=1; \
+	  $(MAKE) --no-print-directory test-scenarios || status=1; exit $$status
 
 # The quality gate CI runs beside the tests: lint, formatting and types.
 check: $(BIN)/.kernelloop-installed

@@ -20,14 +20,18 @@ KERNELLOOP_CI=1 (.ci/run sets it) every other skip is a failure, since CI instal
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib.util
 import os
+import random
 import re
+import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +54,12 @@ if os.environ.get("KERNELLOOP_GPU_LEASE_LOG"):
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # the Ray tests' cluster reports nowhere
 for _name, _value in QUIET_SERVICE_ENV.items():
     os.environ.setdefault(_name, _value)
+
+# Every test draws its random values (Python's `random`, torch's generator) from a seed of the run and the test's
+# name: fresh values each run, the same ones again with KERNELLOOP_TEST_SEED=N (the run's header prints N). Set
+# here, before pytest-xdist starts its workers, so they share it.
+os.environ.setdefault("KERNELLOOP_TEST_SEED", str(secrets.randbelow(2**32)))
+RUN_SEED = int(os.environ["KERNELLOOP_TEST_SEED"])
 
 IN_CI = os.environ.get("KERNELLOOP_CI") == "1"
 """CI (.ci/run) installs every component and package the tests use: there a skip but the gpu marker's fails."""
@@ -356,12 +366,73 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     if not target:
         yield
         return
-    import time
 
     started, busy = time.monotonic(), _busy_seconds()
     yield
     with open(target, "a") as log:
         log.write(f"{item.nodeid}\t{time.monotonic() - started:.1f}\t{_busy_seconds() - busy:.1f}\n")
+
+
+# ---- tiers: `make test-fast` (the unit and contract tests) and the scenarios (`-m scenario`), each with a budget --
+
+SCENARIO_MARK = "scenario"
+"""A whole-system scenario (a real build of torch's headers, a whole search, a service with its workers, a browser):
+`make test` runs the scenarios after the fast tier, `make test-fast` leaves them out."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--tier-budget-s",
+        type=float,
+        default=None,
+        help="this run's budget in seconds of wall time: the run prints its time against it, and fails past twice "
+        "the budget (a regression of the suite, where a busy host's slower run stays inside)",
+    )
+
+
+_STARTED = pytest.StashKey[float]()
+_BUDGET_LINE = pytest.StashKey[str]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STARTED] = time.monotonic()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    budget = session.config.getoption("--tier-budget-s")
+    if budget is None or hasattr(session.config, "workerinput"):  # the controller judges the run, not each worker
+        return
+    spent = time.monotonic() - session.config.stash[_STARTED]
+    line = f"{_tier_name(session.config)}: {spent:.0f} s of wall time, budget {budget:.0f} s"
+    if spent > 2 * budget:
+        line += f": FAILED, past twice the budget ({2 * budget:.0f} s); the ten slowest tests are listed above"
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif spent > budget:
+        line += " (over it, but within twice: a busy host, or the suite growing)"
+    session.config.stash[_BUDGET_LINE] = line
+
+
+def _tier_name(config: pytest.Config) -> str:
+    expression = config.getoption("markexpr") or ""
+    if expression.replace(" ", "") == f"not{SCENARIO_MARK}":
+        return "the fast tier"
+    if expression.strip() == SCENARIO_MARK:
+        return "the scenario tier"
+    return f"the tests (-m {expression!r})" if expression else "the tests"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"random values drawn from seed {RUN_SEED}: KERNELLOOP_TEST_SEED={RUN_SEED} draws them again"
+
+
+@pytest.fixture(autouse=True)
+def seeded_random(request: pytest.FixtureRequest) -> None:
+    """Seeds `random` and torch's generator from the run's seed and this test's name (see RUN_SEED)."""
+    seed = hashlib.sha256(f"{RUN_SEED}/{request.node.nodeid}".encode()).digest()
+    random.seed(seed)
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(int.from_bytes(seed[:8], "little") % 2**63)
 
 
 # ---- skips: for the gpu marker only in CI, and counted at the end of every run ----------------------------------
@@ -424,3 +495,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and _SKIPS_LINE in config.stash:
         reporter.write_line(config.stash[_SKIPS_LINE])
+        reporter.write_line(pytest_report_header(config))
+    if reporter is not None and _BUDGET_LINE in config.stash:
+        reporter.write_line(config.stash[_BUDGET_LINE])

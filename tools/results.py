@@ -294,6 +294,11 @@ class ShapeBenchmark(BaseModel):
     unaccounted_ms: float | None = Field(
         None, description="median of envelope minus the candidate's reported time: near zero for an honest timer"
     )
+    unaccounted_margin_ms: float | None = Field(
+        None,
+        description="the most unaccounted_ms the judge allowed before calling the timing suspicious: a floor or a "
+        "share of the candidate's median, whichever is larger, times the host's slowdown (capped) on the CPU",
+    )
     host_slowdown: float | None = Field(
         None,
         description="the host's load as the judge measured it on the CPU: its own threads' CPU time plus their wait "

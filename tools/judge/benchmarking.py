@@ -425,6 +425,7 @@ def _check_envelope(
     entry.unaccounted_ms = unaccounted
     load = min(entry.host_slowdown or 1.0, HOST_SLOWDOWN_CAP)
     margin = max(ENVELOPE_MARGIN_MS[backend], ENVELOPE_MARGIN_REL[backend] * cand.median_ms) * load
+    entry.unaccounted_margin_ms = margin
     if unaccounted > margin:
         entry.status = Status.suspicious
         entry.message = (
