@@ -38,10 +38,13 @@ test-fast: $(BIN)/.kernelloop-installed
 test-scenarios: $(BIN)/.kernelloop-installed
 	$(PYTEST) -m scenario --tier-budget-s=$(SCENARIO_BUDGET_S)
 
-# Both tiers, the scenarios even when a fast test failed: one run shows every failure.
+# Both tiers, the scenarios even when a fast test failed: one run shows every failure. They share one test folder
+# (KERNELLOOP_TEST_ROOT: the C++ helper and the build cache), so what the fast tier built is not built again.
 test: $(BIN)/.kernelloop-installed
-	@status=0; $(MAKE) --no-print-directory test-fast || status=1; \
-	  $(MAKE) --no-print-directory test-scenarios || status=1; exit $$status
+	@root=$$(mktemp -d /var/tmp/kernelloop-tests-XXXXXX 2>/dev/null || mktemp -d); status=0; \
+	  KERNELLOOP_TEST_ROOT=$$root $(MAKE) --no-print-directory test-fast || status=1; \
+	  KERNELLOOP_TEST_ROOT=$$root $(MAKE) --no-print-directory test-scenarios || status=1; \
+	  rm -rf "$$root"; exit $$status
 
 # The quality gate CI runs beside the tests: lint, formatting and types.
 check: $(BIN)/.kernelloop-installed

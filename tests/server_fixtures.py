@@ -173,7 +173,7 @@ class ServiceProcess:
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
-    def client(self, *, auth: bool = True, timeout: float = 300.0) -> httpx.Client:
+    def client(self, *, auth: bool = True, timeout: float = 900.0) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 

@@ -37,6 +37,8 @@ from kernelloop.storage import history
 from kernelloop.storage.database import open_database
 from kernelloop.storage.models import Run
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 NO_MODEL_NEW = "import torch\n\nclass Model:\n    pass\n"
 
 

@@ -30,6 +30,8 @@ from kernelloop.storage import history
 from kernelloop.storage.database import open_database
 from kernelloop.storage.models import Run
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 
 @pytest.fixture(scope="module")
 def agent_settings(session_root: Path) -> ServiceSettings:

@@ -17,8 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import KERNELLOOP_COMMAND, PROBLEM, QUIET_SERVICE_ENV, REPO, run_kernelloop
 from server_fixtures import TOKEN, ServiceProcess, python_conv
+
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
 
 STEPS = 4
 

@@ -15,6 +15,8 @@ from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.results import Status
 from kernelloop.tools.settings import SandboxSettings
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 PROBLEM = "mamba_causal_conv1d"
 
 

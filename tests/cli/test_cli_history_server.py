@@ -14,6 +14,8 @@ import pytest
 from conftest import PROBLEM, REPO, run_kernelloop
 from server_fixtures import TOKEN, ServiceProcess, python_conv, submission
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 
 @pytest.fixture(scope="module")
 def seeded() -> Iterator[tuple[ServiceProcess, dict, dict, str]]:

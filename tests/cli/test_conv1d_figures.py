@@ -16,6 +16,8 @@ from conftest import REPO
 from kernelloop.agent.templates import discover_templates
 from kernelloop.tools.problems import load_problem, verdict_policy
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 SCRIPT = REPO / "scripts" / "conv1d_figures.py"
 PROBLEM = "mamba_causal_conv1d"
 SHAPE = "small"

@@ -19,6 +19,8 @@ from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import Status
 from kernelloop.tools.settings import SandboxSettings
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 
 @pytest.fixture(scope="module")
 def settings(workspace) -> SandboxSettings:

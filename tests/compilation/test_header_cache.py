@@ -18,6 +18,8 @@ from kernelloop.tools.sandbox import view
 from kernelloop.tools.sandbox.launch import available_isolation, serve_object_cache
 from kernelloop.tools.settings import SandboxSettings
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 OBJECT_DEADLINE_S = 60  # the host compiles at low priority, beside the other tests
 
 

@@ -268,6 +268,7 @@ def test_output_cached_by_input_pointer_is_caught_by_benchmark(kl):
 # ---- the CUDA backend's builds on a machine without a GPU ------------------------------------------
 
 
+@pytest.mark.scenario  # a real build of torch's headers: `make test` runs it, `make test-fast` does not
 def test_a_cuda_kernel_builds_imports_and_constructs_without_a_gpu(kl):
     result = api.compile_kernel(PROBLEM, SPLIT_CUDA_KERNEL, "cuda", settings=kl.settings)
 
@@ -280,6 +281,7 @@ def test_a_cuda_kernel_builds_imports_and_constructs_without_a_gpu(kl):
         assert tested.compile.cache_hit
 
 
+@pytest.mark.scenario  # a real build of torch's headers: `make test` runs it, `make test-fast` does not
 def test_cuda_syntax_error_points_at_the_submitted_line(kl):
     code = (SUBMISSIONS / "cuda_syntax_error.py").read_text()
     result = api.compile_kernel(PROBLEM, code, "cuda", settings=kl.settings)

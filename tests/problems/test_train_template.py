@@ -58,6 +58,7 @@ def test_train_template_matches_the_float64_gradients_on_every_cpu_shape(built: 
     _assert_matches_the_truth(built, shape, torch.device("cpu"))
 
 
+@pytest.mark.scenario  # a real build of torch's headers: `make test` runs it, `make test-fast` does not
 def test_cuda_train_template_builds_and_constructs_for_every_shape(workspace) -> None:
     template = next(t for t in discover_templates(PROBLEM, "cuda", mode="train") if t.name == CUDA_TEMPLATE)
     for params in template.all_params():

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from server_fixtures import QUICK_EVAL, ServiceProcess, python_conv, submission, wait_for
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 # builds and instantiates like any kernel (the compile step passes), then hangs in forward: a test step runs until
 # its worker is killed (the service's own limit is 900 s)
 SLEEPS_IN_FORWARD = python_conv(

@@ -39,6 +39,8 @@ from kernelloop.tools.compilation.toolchain import gpu_arch
 from kernelloop.tools.phase_registry import PHASES
 from kernelloop.tools.results import CompileResult, Status, TestResult
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 HAS_GPU = gpu_arch() is not None
 
 

@@ -22,6 +22,8 @@ from server_fixtures import TOKEN, ServiceProcess, python_conv
 
 from kernelloop.tools.phase_registry import TOOLS as TOOLS_BY_NAME
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 TOOLS = {"compile_kernel", "run_tests", "benchmark", "evaluate", "list_problems", "get_problem", "get_attempt"}
 QUICK = {"seeds": 1, "time_budget_s": 0.2, "min_samples": 3, "max_samples": 20}
 

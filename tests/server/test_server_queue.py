@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 from server_fixtures import (
     QUICK_TEST,
     ServiceProcess,
@@ -14,6 +15,8 @@ from server_fixtures import (
     submission,
     wait_for,
 )
+
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
 
 
 def test_ten_concurrent_submissions_none_lost() -> None:

@@ -21,6 +21,8 @@ from kernelloop.tools.jobs import EvalOptions, Step
 from kernelloop.tools.problems import load_problem
 from kernelloop.tools.results import compile_part
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 # the GPU machine has no ray: the module skips there; CI installs it, and a skip there fails (tests/conftest.py)
 ray = pytest.importorskip("ray", reason="the Ray executor's tests need ray (the [ray] extra)")
 from ray.cluster_utils import Cluster  # noqa: E402

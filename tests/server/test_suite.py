@@ -31,6 +31,8 @@ from kernelloop.storage.suites import level_metrics
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemError, problem_name, problem_sets
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 PROBLEM = """
 import torch
 

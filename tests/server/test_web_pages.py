@@ -21,6 +21,8 @@ import pytest
 from conftest import CPU_EXAMPLE, PROBLEM, REPO, line_of, run_kernelloop
 from server_fixtures import COUNTED_EVAL, TOKEN, ServiceProcess, python_conv, submission
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 SEARCH_STEPS = 1  # the baseline; the compile error added to the run is its child
 BROKEN = CPU_EXAMPLE.replace("def forward(self, x):", "def forward(self, x)  # DELIBERATE-ERROR")
