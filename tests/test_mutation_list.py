@@ -44,7 +44,7 @@ def test_every_named_test_exists() -> None:
 
 def test_a_line_that_moved_is_named_stale_and_nothing_is_written(tmp_path: Path) -> None:
     source = tmp_path / "guarded.py"
-    source.write_text("def allowed(x):\n    return x > 0\n    # return x > 0\n")
+    source.write_text("def allowed(x):\n    return x > 0\n\n\ndef also_allowed(x):\n    return x > 0\n")
     twice = mutation_check.Sabotage(
         name="twice", file="guarded.py", original="return x > 0", replacement="return True", why="w", tests=["t"]
     )
