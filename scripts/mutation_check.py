@@ -18,6 +18,7 @@ Usage: python scripts/mutation_check.py [--list tests/mutations.toml] [NAME ...]
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import subprocess
 import sys
@@ -103,13 +104,14 @@ def run_tests(node_ids: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def check(sabotage: Sabotage) -> tuple[Outcome, str]:
-    """The sabotage's outcome and what says so (pytest's last line, or why the entry is stale)."""
+    """The sabotage's outcome and what says so (pytest's summary line, or why the entry is stale)."""
     try:
         with applied(sabotage):
             done = run_tests(sabotage.tests)
     except StaleEntry as exc:
         return "STALE", str(exc)
-    last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    counts = [line for line in done.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
+    last = counts[-1].strip("= ") if counts else "(no summary from pytest)"
     if done.returncode == 1:  # tests failed; 2 and above are pytest's own errors (a node id it cannot find)
         return "killed", last
     if done.returncode == 0:
