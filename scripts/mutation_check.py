@@ -146,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     for sabotage in chosen:
         began = time.monotonic()
-        outcome, detail = check(sabotage)
+        try:
+            outcome, detail = check(sabotage)
+        except (KeyboardInterrupt, Stopped):
+            print(f"mutation check: stopped during {sabotage.name}; {sabotage.file} is restored")
+            return 130
         outcomes.append(outcome)
         print(f"{outcome:8} {sabotage.name} ({time.monotonic() - began:.0f} s): {detail}", flush=True)
     bad = len(outcomes) - outcomes.count("killed")
