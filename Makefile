@@ -57,3 +57,8 @@ check: $(BIN)/.kernelloop-installed
 # KERNELBENCH=DIR (KernelBench's folder of level folders) adds the real level-1 file and the null-suite sample.
 gpu-check: $(BIN)/.kernelloop-installed
 	$(BIN)/python scripts/gpu_check.py $(if $(KERNELBENCH),--kernelbench $(KERNELBENCH))
+
+# Ten one-line sabotages of the judge, the sandbox and the queue (tests/mutations.toml): each must turn its tests red.
+.PHONY: test-mutations
+test-mutations: $(BIN)/.kernelloop-installed
+	$(BIN)/python scripts/mutation_check.py

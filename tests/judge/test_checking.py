@@ -32,6 +32,22 @@ def test_elements_where_the_truth_is_not_finite_are_left_out_of_every_statistic(
     assert check.max_abs_error < 1e-6 * scale and check.rel_l2_error < 1e-6
 
 
+def test_an_element_just_past_the_tolerance_fails_and_one_just_inside_it_passes():
+    """The bound itself, |got - truth| <= tolerance * max|truth|, at twice and at half the tolerance: a check that
+    let errors through at any looser bound (ten or a hundred tolerances) would pass the element that is past it."""
+    truth = _truth(4, 8)
+    tolerance, scale = 1e-4, float(truth.abs().max())
+    past, inside = truth.clone(), truth.clone()
+    past[1, 5] += 2 * tolerance * scale
+    inside[1, 5] += 0.5 * tolerance * scale
+
+    failed, passed = checking.compare(past, truth, tolerance), checking.compare(inside, truth, tolerance)
+
+    assert (failed.status, failed.mismatches) == (Status.wrong_result, 1), failed.message
+    assert failed.first_mismatch is not None and failed.first_mismatch.index == [1, 5]
+    assert (passed.status, passed.mismatches) == (Status.passed, 0), passed.message
+
+
 def test_nan_and_inf_where_the_truth_is_finite_are_counted_apart():
     truth = _truth(3, 5)
     got = truth.float()
