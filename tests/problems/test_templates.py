@@ -34,6 +34,7 @@ CUDA_TEMPLATES = {
 }
 
 
+@pytest.mark.scenario  # a real build of torch's headers: `make test` runs it, `make test-fast` does not
 @pytest.mark.parametrize("template", sorted(CUDA_TEMPLATES))
 def test_template_builds_and_constructs_for_every_shape(template: str, workspace) -> None:
     result = compile_kernel(
@@ -72,6 +73,7 @@ def test_small_shape_variant_passes_every_correctness_shape_on_the_gpu(workspace
     assert result.status == Status.passed, result.message
 
 
+@pytest.mark.scenario  # a real build of torch's headers: `make test` runs it, `make test-fast` does not
 def test_small_shape_variant_builds(workspace) -> None:
     code = render_params((TEMPLATES / "tf32_wgmma.py").read_text(), SMALL_SHAPE_PARAMS)
     assert 'PARAMS = {"BN": 64, "NWG": 1' in code
@@ -94,6 +96,7 @@ def test_shipped_points_are_points_the_search_can_reach() -> None:
     assert wgmma.is_valid({**wgmma.default_params, "BN": 256, "NWG": 1, "MINB": 2})
 
 
+@pytest.mark.scenario  # a real build of torch's headers: `make test` runs it, `make test-fast` does not
 def test_the_excluded_register_corner_really_fails_to_build(workspace) -> None:
     """The constraint is the toolchain's verdict, not a guess: the point it excludes fails ptxas, with the
     message in compile_kernel's result (before the fix it surfaced as an ImportError in the first test)."""

@@ -24,6 +24,8 @@ from kernelloop.tools.results import Status
 from kernelloop.tools.sandbox import stop
 from kernelloop.tools.sandbox.gpu_lease import GpuBusy, gpu_ids, gpu_lease
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 HOLDER = """
 import select, sys, time
 from pathlib import Path

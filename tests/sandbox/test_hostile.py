@@ -34,6 +34,8 @@ from kernelloop.tools.results import CompileResult, Status
 from kernelloop.tools.sandbox.launch import PROBE
 from kernelloop.tools.settings import SandboxSettings
 
+pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+
 HOSTILE = Path(__file__).resolve().parent / "hostile"
 SECRET = "kl-canary-" + secrets.token_hex(8)
 VENV_SITE = Path(sys.prefix)
@@ -350,7 +352,6 @@ def test_the_start_up_probe_counts_a_secret_whose_content_reads(tmp_path: Path) 
     assert json.loads(done.stdout)["seen"] == [str(leaked), str(listed)], done.stderr
 
 
-@pytest.mark.scenario  # resource bombs run to their limits: `make test` runs it, `make test-fast` does not
 @pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup", "counted"])
 def test_resource_bombs_stop_at_a_limit(host: Host, cgroups: bool) -> None:
     """With a pids cgroup (where the host allows one) the first fork refused at the cap ends the job; without
