@@ -6,10 +6,11 @@ so far after a regression. The run ends on its budget (iterations, seconds), whe
 proposer is done, or when the service goes away; Ctrl-C cancels it and leaves it marked interrupted.
 The answer is the best attempt of the run that passed run_tests and a benchmark, as the service
 measured it. What a resumed run needs (steps used, seconds spent, the proposer's state) is kept in the
-run's meta after every step. A step the service evaluated while this loop was not there to see it (the
-agent stopped, the service restarted under it) is adopted when its kernel is proposed again: its job's verdict
-is read back, never evaluated a second time. While it runs, the loop tells the service every `heartbeat_s`
-that the run's client is alive (the service marks a silent run interrupted).
+run's meta after every step. A step begun and not finished (Ctrl-C, a lost service, kill -9) is not counted, and
+the proposer is remembered as it was before proposing it; a step the service evaluated while this loop was not
+there to see it is adopted when its kernel is proposed again: its job's verdict is read back (or its job, still
+queued or running, followed), never evaluated a second time. While it runs, the loop tells the service every
+`heartbeat_s` that the run's client is alive (the service marks a silent run interrupted).
 """
 
 from __future__ import annotations
@@ -102,6 +103,14 @@ class RunLoop:
                 status, reason = "failed", self.fatal
             else:
                 reason = self._end_reason()
+        unfinished = self.budget.drop_unfinished()
+        if unfinished:
+            steps, are, them = ("steps", "are", "them") if unfinished > 1 else ("step", "is", "it")
+            reason += (
+                f"; {unfinished} {steps} without a verdict {are} not counted: "
+                f"`{self.progress.resume_command(self.run_id)}` adopts what the service ran for {them} instead of "
+                f"evaluating {them} again"
+            )
         return await self.keeper.finish(status, reason)
 
     def _interrupt(self) -> None:
@@ -144,6 +153,8 @@ class RunLoop:
             self.record.add(trajectory, proposal, outcome)
             self.progress.outcome(outcome, proposal)
             await self.proposer.observe(trajectory, proposal, outcome)
+            if not (outcome.status == "service_error" and self.submitter.fatal):
+                self.budget.settle()  # a step the lost service gave no verdict is a resume's to adopt
             await self.keeper.save()
 
     def _view(self, trajectory: int) -> LoopView:

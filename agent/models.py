@@ -15,7 +15,8 @@ from kernelloop.agent.templates import Params
 from kernelloop.contract import JobPublic, JobStatus
 from kernelloop.tools.jobs import EvalOptions, Precision
 from kernelloop.tools.phase_registry import TOOLS, ToolName, steps_of
-from kernelloop.tools.results import Backend, PhaseResultAny, Status
+from kernelloop.tools.results import Backend, Mode, PhaseResultAny, Status
+from kernelloop.tools.speedup_estimate import SpeedupEstimate
 
 ProposerName = Literal["llm", "search", "replay"]
 ApiStyle = Literal["openai", "anthropic"]
@@ -68,6 +69,11 @@ class AgentRunConfig(BaseModel):
         description="KernelBench's precision option for every job: inputs and both models cast to it; None: the "
         "problem's own dtype",
     )
+    mode: Mode = Field(
+        "infer",
+        description="infer: the forward alone; train: every job judges and times forward and backward, and the "
+        "search proposes only templates that carry a backward",
+    )
     max_tool_errors: int = Field(
         3, ge=1, description="llm: replies in a row without a usable tool call before a trajectory ends"
     )
@@ -93,14 +99,17 @@ class AgentRunConfig(BaseModel):
 
 
 def job_options(proposed: EvalOptions | None, config: AgentRunConfig, tool: ToolName) -> EvalOptions | None:
-    """A proposal's options as the run sends them: the run's own settings (the memory check, the precision) win
-    over what a proposer (a model) asked, where the tool's steps read them; with neither set, the proposal's options
-    go out as they came."""
+    """A proposal's options as the run sends them: the run's own settings (the memory check, the precision, the
+    mode) win over what a proposer (a model) asked, where the tool's steps read them; with none set, the proposal's
+    options go out as they came."""
     overrides: dict[str, Any] = {}
-    if not config.memory_check and "test" in steps_of(TOOLS[tool].phase):
+    steps = steps_of(TOOLS[tool].phase)
+    if not config.memory_check and "test" in steps:
         overrides["memory_check"] = False
     if config.precision is not None:
         overrides["precision"] = config.precision
+    if config.mode != "infer" and {"test", "benchmark"} & {*steps}:
+        overrides["mode"] = config.mode
     if not overrides:
         return proposed
     return (proposed or EvalOptions()).model_copy(update=overrides)
@@ -145,6 +154,10 @@ class Outcome(BaseModel):
     )
     speedup: float | None = Field(
         None, description="geometric-mean speedup of a passed benchmark of every benchmark shape in this step"
+    )
+    attempt_speedup: SpeedupEstimate | None = Field(
+        None,
+        description="the attempt's speedup over every counted measurement, as the service states it after this step",
     )
     seconds: float = 0.0
     service_error: str | None = None

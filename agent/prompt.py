@@ -1,15 +1,18 @@
-"""The llm proposer's system prompt and opening message: the problem, the device, the rules, fast builds."""
+"""The llm proposer's system prompt and opening message: the problem, the device, the rules, fast builds, and in
+training mode the reference's backward and what the judge checks of it."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import platform
+import re
 
 from kernelloop.contract import DevicesReport, ProblemDetail
 from kernelloop.tools.datasheet import datasheet_peaks
 from kernelloop.tools.jobs import Precision
 from kernelloop.tools.problems import PRECISIONS, ShapeSpec, describe_policy, policy_in_dtype
-from kernelloop.tools.results import Backend
+from kernelloop.tools.results import Backend, Mode
 
 # Streaming multiprocessors per GPU model (vendor figures); the service reports names only.
 SM_COUNTS = [("H200", 132), ("H100 PCIe", 114), ("H100", 132), ("A100", 108), ("L40S", 142)]
@@ -78,7 +81,13 @@ FAST_BUILDS = {
 }
 
 
-def system_prompt(problem: ProblemDetail, backend: Backend, device: str, precision: Precision | None = None) -> str:
+def system_prompt(
+    problem: ProblemDetail,
+    backend: Backend,
+    device: str,
+    precision: Precision | None = None,
+    mode: Mode = "infer",
+) -> str:
     shapes_for_backend = [s for s in problem.shapes if backend in s.backends]
     bench = [s for s in shapes_for_backend if s.benchmark]
     correct = [s for s in shapes_for_backend if s.correctness]
@@ -123,6 +132,7 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str, precisi
             f"- Results are judged under {describe_policy(tolerance)}.",
             "- Only measured results count: the best kernel is the fastest one that passed run_tests and a benchmark.",
             "",
+            *(training_section(problem) + [""] if mode == "train" else []),
             "Correctness shapes:",
             *[shape_line(s) for s in correct],
             "Benchmark shapes (speedup = reference time / your time, geometric mean over these):",
@@ -138,6 +148,65 @@ def system_prompt(problem: ProblemDetail, backend: Backend, device: str, precisi
             *([PROFILE_ADVICE] if backend == "cuda" else []),
         ]
     )
+
+
+BACKWARD_OF_OPERATION: list[tuple[str, str]] = [
+    (
+        r"\bconv1d\b|\bConv1d\b",
+        "- conv1d, y[b, o, t] = bias[o] + sum over c, k of w[o, c, k] * xp[b, c, t + k*dilation] (xp the padded "
+        "input; with groups, c runs over the output channel's group only): grad_bias[o] = sum over b, t of "
+        "gy[b, o, t]; grad_w[o, c, k] = sum over b, t of gy[b, o, t] * xp[b, c, t + k*dilation]; grad_xp[b, c, s] = "
+        "sum over o, k with s = t + k*dilation of gy[b, o, t] * w[o, c, k] (a transposed convolution of gy)",
+    ),
+    (r"\bpad\b", "- F.pad: the gradient of the unpadded input is the padded gradient with the padding cut off"),
+    (r"\bsilu\b|\bSiLU\b", "- silu(z) = z * sigmoid(z): grad_z = gy * sigmoid(z) * (1 + z * (1 - sigmoid(z)))"),
+    (r"\brelu\b|\bReLU\b", "- relu(z): grad_z = gy where z > 0, else 0"),
+    (r"\bsigmoid\b", "- sigmoid(z) = s: grad_z = gy * s * (1 - s)"),
+    (r"\btanh\b", "- tanh(z) = h: grad_z = gy * (1 - h*h)"),
+    (r"\bgelu\b|\bGELU\b", "- gelu(z) = z * Phi(z) (erf form): grad_z = gy * (Phi(z) + z * phi(z))"),
+    (
+        r"\bmatmul\b|\bLinear\b|\blinear\b|\bmm\b|[\w)\]]\s*@\s*[\w(]",
+        "- y = x @ W^T + b: grad_x = gy @ W; grad_W = gy^T @ x (summed over the batch); grad_b = gy summed over "
+        "every dimension but the last",
+    ),
+    (r"\bsoftmax\b", "- softmax along a dim, p = softmax(z): grad_z = p * (gy - sum over the dim of gy * p)"),
+]
+"""What autograd computes backward for the operations a reference's source calls, found by name in its source."""
+
+
+def training_section(problem: ProblemDetail) -> list[str]:
+    """Training mode's part of the system prompt: the reference's backward, what is checked, what is refused."""
+    source = problem.source
+    backward = [line for pattern, line in BACKWARD_OF_OPERATION if re.search(pattern, source)]
+    family = [
+        op
+        for op in (
+            "aten::convolution_backward",
+            "aten::convolution_backward_overrideable",
+            "aten::_slow_conv2d_backward",
+        )
+        if any(fnmatch.fnmatchcase(op, pattern) for pattern in problem.forbidden_ops)
+    ]
+    return [
+        "Training mode: every test and benchmark runs your ModelNew forward AND backward.",
+        "- The judge draws fresh inputs and an upstream gradient gy of the output's shape (seeds you never learn), "
+        "runs y = model(*inputs) with every floating-point input requiring grad, then y.backward(gy).",
+        "- Checked against the reference's own autograd (its float64 truth where the problem has one, under the "
+        "same tolerance as the output): the output y, the gradient of every input that can carry one, and the "
+        "gradient of every parameter (the reference's names: declare the same parameters). A gradient left out "
+        "(None), of the wrong shape, dtype or layout, or off by any factor fails, naming the tensor.",
+        "- Each call's gradients are that call's alone: never add into a tensor kept from an earlier call (a static "
+        "buffer, a .grad you hold); return fresh tensors from your backward.",
+        "- Write the backward as kernels of your own, bound with a torch.autograd.Function (forward saves what the "
+        "backward needs with ctx.save_for_backward; backward returns one gradient per forward argument, None for "
+        "the non-tensor ones). The forbidden operators cover the backward too"
+        + (f": {', '.join(family)} are refused like the forward's operators." if family else "."),
+        "- The benchmark times forward+backward as one step (speedup against the reference's forward+backward), "
+        "and reports the backward alone as well.",
+        "The reference's backward, as autograd computes it for the operations its forward calls "
+        "(gy: the gradient of the operation's output):",
+        *(backward or ["- (none of the operations autograd's formulas are listed for: derive them from the source)"]),
+    ]
 
 
 def _precision_rule(dtype: str) -> str:

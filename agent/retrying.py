@@ -112,17 +112,36 @@ def json_object(response: httpx.Response) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+@dataclass
+class OutageClock:
+    """When the server stopped answering, shared by every call of one client: an outage is one window of
+    `outage_s` however many calls wait in it, not a fresh window for each."""
+
+    since: float | None = None
+    """time.monotonic() when the first call saw the server not answer; None while it answers"""
+
+    def elapsed(self, now: float) -> float:
+        """Seconds of this outage so far (starting it now if none is under way)."""
+        if self.since is None:
+            self.since = now
+        return now - self.since
+
+
 OutageWatcher = Callable[[float, "Answer"], None]
 """told, before each wait in an outage, how many seconds it has lasted and the last try's answer"""
 
 
 async def send_with_retries(
-    send: Callable[[], Awaitable[httpx.Response]], policy: RetryPolicy, on_outage: OutageWatcher | None = None
+    send: Callable[[], Awaitable[httpx.Response]],
+    policy: RetryPolicy,
+    on_outage: OutageWatcher | None = None,
+    outage: OutageClock | None = None,
 ) -> Answer:
     """Call `send` until it answers with a status that is not worth retrying, the retries run out, or (for a
-    server that does not answer) the policy's outage_s has passed."""
+    server that does not answer) the policy's outage_s has passed since the outage began (`outage`: the client's
+    clock, shared by its calls; by default this call's own)."""
     retries = waits = 0
-    outage_since: float | None = None
+    clock = outage if outage is not None else OutageClock()
     while True:
         answer = Answer(response=None, error=None, tries=retries + waits + 1)
         try:
@@ -132,13 +151,12 @@ async def send_with_retries(
         if not answer.exhausted:
             return answer
         if policy.outage_s > 0 and answer.unanswered:
-            now = time.monotonic()
-            outage_since = now if outage_since is None else outage_since
-            left = policy.outage_s - (now - outage_since)
+            elapsed = clock.elapsed(time.monotonic())
+            left = policy.outage_s - elapsed
             if left <= 0:
                 return answer
             if on_outage is not None:
-                on_outage(now - outage_since, answer)
+                on_outage(elapsed, answer)
             await asyncio.sleep(min(policy.delay(waits, answer.response), left))
             waits += 1
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -33,6 +34,9 @@ class RunBudget:
         self._started = time.monotonic()
         self._prior_seconds = self.memory.seconds
         self._prior_tokens = (self.memory.prompt_tokens, self.memory.completion_tokens)
+        self._settled = (self.memory.steps, copy.deepcopy(self.memory.proposer_state))
+        """the steps and the proposer's state as of the last step whose outcome was observed: what is kept for a
+        resume, so that one after any stop (Ctrl-C, kill -9, a lost service) proposes the steps under way again"""
 
     def reserve(self) -> bool:
         """Room for one more proposal within the budget (counting proposals already being made)? If so, it is
@@ -54,12 +58,25 @@ class RunBudget:
         prompt, completion = self.proposer.token_usage()
         return self._prior_tokens[0] + prompt, self._prior_tokens[1] + completion
 
+    def settle(self) -> None:
+        """Every step counted so far has been observed: a resume after an interruption starts from here."""
+        self._settled = (self.memory.steps, copy.deepcopy(self.proposer.state()))
+
+    def drop_unfinished(self) -> int:
+        """Uncount the steps begun since the last settled one (the run is ending before their outcome came back):
+        a resume proposes them again and adopts the jobs the service ran for them instead of evaluating them
+        twice. Returns how many were dropped."""
+        dropped = self.memory.steps - self._settled[0]
+        self.memory.steps = self._settled[0]
+        return dropped
+
     def remember(self) -> LoopMemory:
-        """The memory, brought up to now (seconds, tokens, the proposer's state)."""
+        """What a resume starts from, brought up to now: the steps with a verdict and the proposer as it was after
+        the last of them; the seconds and tokens spent so far, the steps under way's included."""
         self.memory.seconds = self.seconds()
-        self.memory.proposer_state = self.proposer.state()
         self.memory.prompt_tokens, self.memory.completion_tokens = self.tokens()
-        return self.memory
+        steps, state = self._settled
+        return self.memory.model_copy(update={"steps": steps, "proposer_state": copy.deepcopy(state)})
 
     def spent(self) -> str | None:
         """Which limit the run has reached, if any."""

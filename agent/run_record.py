@@ -7,16 +7,17 @@ from pydantic import BaseModel
 
 from kernelloop.agent.models import AttemptLine, Outcome, Proposal
 from kernelloop.contract import AttemptSummary
+from kernelloop.tools.speedup_estimate import SpeedupEstimate, best_in_order, stated
 
 REGRESSION_MARGIN = 0.97  # slower than 97% of the best counts as a regression
 
 
 class AttemptFacts(BaseModel):
-    """What the service's attempt summary says, mirrored: the latest counted test verdict, the latest timing of
-    every benchmark shape."""
+    """What the service's attempt summary says, mirrored: the latest counted test verdict, and the attempt's speedup
+    as the service states it over all its counted measurements (tools.speedup_estimate)."""
 
     correct: bool | None = None
-    speedup: float | None = None
+    speedup: SpeedupEstimate | None = None
     code: str | None = None
 
 
@@ -53,10 +54,12 @@ class RunRecord:
             facts.code = proposal.code
             if outcome.correct is not None:
                 facts.correct = outcome.correct
-            if outcome.speedup is not None:
-                facts.speedup = outcome.speedup  # the latest full timing, as the service keeps it
+            if outcome.attempt_speedup is not None:
+                facts.speedup = outcome.attempt_speedup  # over every measurement: a re-time adds, never replaces
+            elif outcome.speedup is not None:  # a service that states none (older than schema v7): the step's timing
+                facts.speedup = stated(outcome.speedup, None, None, 1)
             if facts.correct and facts.speedup is not None:
-                self._note_first(outcome.step, facts.speedup)
+                self._note_first(outcome.step, facts.speedup.speedup)
         best_id, best_speedup = self.best()
         outcome.best_attempt_id, outcome.best_speedup = best_id, best_speedup
         outcome.regressed = is_regression(outcome, best_id, best_speedup)
@@ -74,16 +77,14 @@ class RunRecord:
         self.lines = [line for line in self.lines if line.trajectory >= 0 or line.attempt_id != attempt_id]
 
     def best(self) -> tuple[int | None, float | None]:
-        """The fastest attempt that passed run_tests and a benchmark."""
-        eligible = [
-            (facts.speedup, attempt_id)
-            for attempt_id, facts in self.facts.items()
+        """The best attempt that passed run_tests and a benchmark, and its speedup: the first made (by attempt id, as
+        the service ranks a run), replaced only by one whose interval clears it (better beyond the noise)."""
+        best = best_in_order(
+            (attempt_id, facts.speedup)
+            for attempt_id, facts in sorted(self.facts.items())
             if facts.correct and facts.speedup is not None
-        ]
-        if not eligible:
-            return None, None
-        speedup, attempt_id = max(eligible)
-        return attempt_id, speedup
+        )
+        return (best[0], best[1].speedup) if best is not None else (None, None)
 
     def parent_of(self, trajectory: int, proposal: Proposal) -> int | None:
         """The attempt a proposal builds on: the one it names, else its trajectory's base."""
@@ -98,7 +99,8 @@ class RunRecord:
 
     def _restore(self, attempt: AttemptSummary) -> None:
         """An attempt from before a resume: its facts, and a line in the table."""
-        self.facts[attempt.id] = AttemptFacts(correct=attempt.correct, speedup=attempt.speedup)
+        speedup = stated(attempt.speedup, attempt.speedup_low, attempt.speedup_high, attempt.measurements)
+        self.facts[attempt.id] = AttemptFacts(correct=attempt.correct, speedup=speedup)
         self.lines.append(
             AttemptLine(
                 step=attempt.step or 0,

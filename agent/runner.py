@@ -140,7 +140,7 @@ async def build_proposer(
         config,
         make_chat_client(config.llm, settings),
         problem,
-        system_prompt(problem, config.backend, device, config.precision),
+        system_prompt(problem, config.backend, device, config.precision, config.mode),
         tools,
         transcript_dir=transcripts,
         state=state,
@@ -196,6 +196,7 @@ async def start_run(
     progress.note(
         f"run {run.id}: {config.problem} on {backend}"
         + (f" in {config.precision}" if config.precision else "")
+        + (" in training mode (forward and backward)" if config.mode == "train" else "")
         + f", proposer {proposer.name}, "
         + _budget_text(config)
         + f", service {client.base_url}"

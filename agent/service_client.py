@@ -28,10 +28,12 @@ from kernelloop.contract import (
     JobEventPublic,
     JobPublic,
     LeaderboardEntry,
+    MeasurementPublic,
     Page,
     ProblemCreate,
     ProblemDetail,
     ProblemSummary,
+    RerunAnswer,
     RunCreate,
     RunPublic,
     RunUpdate,
@@ -88,6 +90,9 @@ class HistoryCalls(ServiceConnection):
 
     async def attempt(self, attempt_id: int) -> AttemptDetail | ServiceFailure:
         return await self._call("GET", f"/v1/attempts/{attempt_id}", AttemptDetail)
+
+    async def measurements(self, attempt_id: int) -> list[MeasurementPublic] | ServiceFailure:
+        return await self._call("GET", f"/v1/attempts/{attempt_id}/measurements", list[MeasurementPublic])
 
     async def run_attempts(self, run_id: int) -> list[AttemptSummary] | ServiceFailure:
         """Every attempt of the run, oldest first."""
@@ -241,6 +246,18 @@ class ServiceClient(ProblemCalls, HistoryCalls, SuiteCalls, JobCalls):
 
     async def tools(self, style: Literal["openai", "anthropic"] = "openai") -> ToolsCatalog | ServiceFailure:
         return await self._call("GET", "/v1/tools", ToolsCatalog, params={"format": style})
+
+    async def rerun(self, attempt_id: int, timeout_s: float = 7200.0) -> RerunAnswer | ServiceFailure:
+        """Measure the attempt again under its recorded settings, follow the job to its end, and answer with the
+        measurement it appended and the attempt's speedup before and after."""
+        queued = await self._call("POST", f"/v1/attempts/{attempt_id}/rerun", RerunAnswer, params={"wait": "false"})
+        if isinstance(queued, ServiceFailure):
+            return queued
+        job = await self.follow(queued.job.id, timeout_s)
+        if isinstance(job, ServiceFailure):
+            return job
+        taken = await self.measurements(attempt_id)
+        return taken if isinstance(taken, ServiceFailure) else RerunAnswer.of(job, taken, queued.before)
 
 
 async def _notify(watcher: EventWatcher | None, event: JobEventPublic) -> None:

@@ -16,7 +16,15 @@ from typing import Any, Literal, Self, TypeVar
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from kernelloop.agent.retrying import Answer, CallFailure, NoResponse, RetryPolicy, json_object, send_with_retries
+from kernelloop.agent.retrying import (
+    Answer,
+    CallFailure,
+    NoResponse,
+    OutageClock,
+    RetryPolicy,
+    json_object,
+    send_with_retries,
+)
 from kernelloop.contract import ErrorBody
 
 AnswerT = TypeVar("AnswerT")
@@ -59,8 +67,8 @@ class ServiceConnection:
         self.retry_policy = RetryPolicy(retries=retries, base_delay_s=0.5, max_backoff_s=8.0, outage_s=reconnect_s)
         self.poll_s = poll_s
         self.on_note = on_note
-        self._outage_since: float | None = None
-        """when the current outage began (as any call saw it first), None while the service answers"""
+        self._outage = OutageClock()
+        """when the current outage began (as any call saw it first): one reconnect window for all the calls"""
         self._outage_noted = 0.0
 
     async def __aenter__(self) -> Self:
@@ -81,11 +89,12 @@ class ServiceConnection:
         if self.on_note is not None:
             self.on_note(message)
 
-    def _waiting(self, _seconds: float, answer: Answer) -> None:
-        """One call's outage: the first call to see it says so, then one line every OUTAGE_NOTE_EVERY_S."""
+    def _waiting(self, seconds: float, answer: Answer) -> None:
+        """The outage, as the calls waiting in it see it: the first says so, then one line every
+        OUTAGE_NOTE_EVERY_S."""
         now = time.monotonic()
-        if self._outage_since is None:
-            self._outage_since = self._outage_noted = now
+        if not self._outage_noted:
+            self._outage_noted = now
             why = type(answer.error).__name__ if answer.error is not None else f"HTTP {answer.response.status_code}"  # type: ignore[union-attr]
             self._note(
                 f"the service at {self.base_url} does not answer ({why}): waiting up to "
@@ -94,17 +103,18 @@ class ServiceConnection:
         elif now - self._outage_noted >= OUTAGE_NOTE_EVERY_S:
             self._outage_noted = now
             self._note(
-                f"still waiting for the service at {self.base_url} ({now - self._outage_since:.0f} s of "
+                f"still waiting for the service at {self.base_url} ({seconds:.0f} s of "
                 f"{self.retry_policy.outage_s:.0f} s)"
             )
 
     def _answered(self) -> None:
-        if self._outage_since is not None:
-            self._note(
-                f"the service at {self.base_url} answers again after {time.monotonic() - self._outage_since:.0f} s: "
-                "carrying on"
-            )
-            self._outage_since = None
+        if self._outage.since is not None:
+            if self._outage_noted:
+                self._note(
+                    f"the service at {self.base_url} answers again after "
+                    f"{time.monotonic() - self._outage.since:.0f} s: carrying on"
+                )
+            self._outage, self._outage_noted = OutageClock(), 0.0
 
     async def _call(
         self,
@@ -122,6 +132,7 @@ class ServiceConnection:
             lambda: self._http.request(method, path, json=json, params=params, headers=headers),
             self.retry_policy,
             self._waiting,
+            self._outage,
         )
         response = answer.response
         if response is None:

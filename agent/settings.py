@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -48,6 +49,22 @@ class AgentSettings(BaseSettings):
     llm_max_retries: int = Field(
         5, ge=0, le=20, description="retries of a model call on 429, 5xx and dropped connections"
     )
+
+    @field_validator("server_url")
+    @classmethod
+    def _service_url(cls, url: str | None) -> str | None:
+        """A service's address is an http(s) URL with a host: anything else is refused at once, not waited for as
+        an outage."""
+        if url is None or not url.strip():
+            return None
+        parts = urlsplit(url.strip())
+        try:
+            parts.port  # noqa: B018 - a port that is not a number raises here
+        except ValueError:
+            parts = parts._replace(netloc="")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("not the URL of a service: give http://HOST:PORT (e.g. http://gpu-box:8000)")
+        return url.strip()
 
     @field_validator("api_token", "llm_api_key")
     @classmethod

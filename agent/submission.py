@@ -90,6 +90,7 @@ class Submitter:
                 "results": list(job.results),
                 "correct": correct,
                 "speedup": speedup,
+                "attempt_speedup": job.attempt_speedup,
                 "service_error": message if status == "service_error" else None,
                 "adopted": adopted is not None,
             }

@@ -14,7 +14,9 @@ literals the search reads without running the file (running it would build it):
 A file without both PARAMS and PARAM_SPACE (a helper script) is not a template. When no template of a
 backend is marked BASELINE, the problem's `example_<backend>.py` is the baseline. A run with `--precision`
 searches only the templates that list that precision. A template listed for train carries a backward (its
-ModelNew's gradients are its own kernels); a search finds a template only in the modes it lists.
+ModelNew's gradients are its own kernels); a search finds a template only in the modes it lists. In train mode it
+starts from a BASELINE template, else from the first training template at its defaults (an example file has no
+backward of its own).
 """
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ import ast
 import itertools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, Field
 
 from kernelloop.tools.problems import PRECISIONS, shipped_problems_dir
-from kernelloop.tools.results import Backend
+from kernelloop.tools.results import Backend, Mode
 
-MODES = ("infer", "train")
+MODES: tuple[Mode, ...] = get_args(Mode)
 """forward only, or forward and backward: the modes a template can be searched in"""
 ParamValue = int | float | str | bool
 Params = dict[str, ParamValue]
@@ -49,7 +51,7 @@ class KernelTemplate(BaseModel):
     param_space: dict[str, list[ParamValue]]
     constraints: list[str] = []
     precisions: list[str] = Field(["fp32"], description="the KernelBench precisions the template's ModelNew takes")
-    modes: list[str] = Field(["infer"], description="the modes it is searched in (train: it carries a backward)")
+    modes: list[Mode] = Field(["infer"], description="the modes it is searched in (train: it carries a backward)")
 
     def source(self) -> str:
         return self.path.read_text()
@@ -177,7 +179,7 @@ def problem_folder(problem: str) -> Path | None:
 
 
 def discover_templates(
-    problem: str, backend: Backend, errors: list[str] | None = None, mode: str = "infer"
+    problem: str, backend: Backend, errors: list[str] | None = None, mode: Mode = "infer"
 ) -> list[KernelTemplate]:
     """The problem's templates for `backend` and `mode`, sorted by name; [] for a problem that ships none. A file
     that breaks the convention is skipped, and what is wrong with it appended to `errors`."""
@@ -213,17 +215,24 @@ class BaselineKernel(BaseModel):
     params: Params | None = None
 
 
-def baseline_kernel(problem: str, backend: Backend, templates: list[KernelTemplate]) -> BaselineKernel | None:
-    for template in templates:
-        if template.baseline:
-            return BaselineKernel(
-                name=template.name,
-                code=template.render(template.default_params),
-                template=template.name,
-                params=template.default_params,
-            )
+def baseline_kernel(
+    problem: str, backend: Backend, templates: list[KernelTemplate], mode: Mode = "infer"
+) -> BaselineKernel | None:
+    """Where the search starts: the BASELINE template among `templates` at its defaults; else in infer mode the
+    problem's `example_<backend>.py`, and in train mode (an example file has no backward of its own) the first
+    training template at its defaults, which the search then tunes; None when there is none of these."""
+    start = next((t for t in templates if t.baseline), None)
+    if start is None and mode == "train":
+        start = next((t for t in templates if "train" in t.modes), None)
+    if start is not None:
+        return BaselineKernel(
+            name=start.name,
+            code=start.render(start.default_params),
+            template=start.name,
+            params=start.default_params,
+        )
     folder = problem_folder(problem)
-    example = folder / f"example_{backend}.py" if folder else None
+    example = folder / f"example_{backend}.py" if folder and mode == "infer" else None
     if example is not None and example.is_file():
         return BaselineKernel(name=example.stem, code=example.read_text())
     return None

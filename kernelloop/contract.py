@@ -9,6 +9,7 @@ Nothing here touches a database or a GPU.
 import enum
 import json
 import re
+import unicodedata
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Generic, Literal, TypeVar
@@ -23,7 +24,8 @@ from kernelloop.tools.coverage import Coverage
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import JobPhase, Phase
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS, PROBLEM_NAME_PATTERN, ShapeSpec, problem_name
-from kernelloop.tools.results import Backend, PhaseResultAny, Status, TolerancePolicy
+from kernelloop.tools.results import Backend, Mode, PhaseResultAny, Status, Timing, TolerancePolicy
+from kernelloop.tools.speedup_estimate import SpeedupEstimate
 
 MAX_ID = 2**63 - 1  # the largest id a database integer holds
 LaneKind = Literal["cpu", "gpu"]
@@ -137,6 +139,33 @@ class ProblemDetail(ProblemSummary):
 # -------------------------------------------------------------------------------------------- runs
 
 
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""the characters that reorder the text around them: a name holding a right-to-left override displays as another"""
+
+
+def _plain_label(label: str | None) -> str | None:
+    """A label for people shows what it holds: no control character (a line break, an escape) and no bidi control
+    (a right-to-left override shows `exe.txt` for `txt.exe`), each of which makes it display as something else."""
+    if label is None:
+        return None
+    for index, char in enumerate(label):
+        if char in BIDI_CONTROLS or unicodedata.category(char) == "Cc":
+            raise PydanticCustomError(
+                "label_character",
+                "character {index} is {code} ({name}), which would make the label display as something else: "
+                "send plain text without control or bidi characters",
+                {"index": index, "code": f"U+{ord(char):04X}", "name": unicodedata.name(char, "a control character")},
+            )
+    return label
+
+
+LABEL_PATTERN = "^[^\\u0000-\\u001f\\u007f-\\u009f\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069]*$"
+"""what `_plain_label` lets through, as the OpenAPI document says it (its clients generate and check against it)"""
+PlainText = Annotated[str, AfterValidator(_plain_label), PydanticField(json_schema_extra={"pattern": LABEL_PATTERN})]
+Label = PlainText | None
+"""a short text shown on the pages and in the command line's tables (a run's name, a proposer, a model)"""
+
+
 class RunBase(SQLModel):
     name: str | None = Field(default=None, max_length=200, description="a label for people")
     proposer: str | None = Field(default=None, max_length=200, description="e.g. llm, search, replay, human")
@@ -180,6 +209,9 @@ Notes = Annotated[str | None, PydanticField(max_length=MAX_NOTES_CHARS, descript
 class RunCreate(RunBase):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
 
+    name: Label = Field(default=None, max_length=200, description="a label for people")
+    proposer: Label = Field(default=None, max_length=200, description="e.g. llm, search, replay, human")
+    model: Label = Field(default=None, max_length=200, description="the language model, if any")
     notes: Notes = None
     problem: str = Field(min_length=1, description="problem name, see GET /v1/problems")
     config: StoredJson = Field(default_factory=dict, description="the run's settings, kept as given")
@@ -193,18 +225,40 @@ class RunUpdate(SQLModel):
     meta: StoredJson | None = Field(default=None, description="merged into the run's meta (keys replaced)")
 
 
+RUN_VERSION = "the kernelloop version of the service that created the run (None: a run older than schema v7)"
+RUN_COMMIT = (
+    "the git commit of the service's checkout when it created the run, `+dirty` with uncommitted changes (None: "
+    "an installed package, or a run older than schema v7)"
+)
+
+
 class RunPublic(RunBase):
     id: int
     problem: str
     status: RunStatus
-    config: dict[str, Any]
+    config: dict[str, Any] = PydanticField(
+        description="the run's settings as its client gave them (the agent's: search budget, seed, time budget, ...)"
+    )
     meta: dict[str, Any]
+    version: str | None = PydanticField(None, description=RUN_VERSION)
+    source_commit: str | None = PydanticField(None, description=RUN_COMMIT)
     created_at: datetime
     updated_at: datetime | None
     finished_at: datetime | None
+    mode: Mode = PydanticField(
+        "infer",
+        description="the mode its jobs judged in, as its config says (`kernelloop agent run --mode`); infer where the "
+        "config names none",
+    )
     attempts: int = 0
-    best_attempt_id: int | None = None
+    best_attempt_id: int | None = Field(
+        default=None,
+        description="the run's best correct attempt: the first, in the order they were made, that no later one "
+        "cleared (tools.speedup_estimate.best_in_order)",
+    )
     best_speedup: float | None = None
+    best_speedup_low: float | None = None
+    best_speedup_high: float | None = None
 
 
 # ---------------------------------------------------------------------------------------- attempts
@@ -215,17 +269,34 @@ ATTEMPT_CORRECT = (
     "(a test narrowed by options.shapes or options.seeds never sets it)"
 )
 ATTEMPT_SPEEDUP = (
-    "geometric-mean speedup of the most recent passed benchmark that timed every benchmark shape of the "
-    "problem: a re-timing replaces it, better or worse; a benchmark narrowed by options.shapes never "
-    "sets it"
+    "the median of the geometric-mean speedups of the attempt's counted measurements (passed benchmarks that timed "
+    "every benchmark shape of the problem on a host not overloaded; every re-timing is a measurement of its own, "
+    "none replaces another), between speedup_low and speedup_high (tools.speedup_estimate); None without one"
+)
+ATTEMPT_SPEEDUP_LOW = (
+    "the low end of the speedup's interval: a kernel ranks above another only when its low end is above the other's "
+    "high end"
+)
+ATTEMPT_SPEEDUP_HIGH = "the high end of the speedup's interval"
+ATTEMPT_MEASUREMENTS = "the measurements the speedup counts (GET /v1/attempts/{id}/measurements lists every one)"
+STEP = (
+    "the agent's step: its proposal number within the run, from 1 (the progress lines and the table of "
+    "`kernelloop agent run`); an attempt's step is the step that first proposed its code (a later step that "
+    "re-times it adds a measurement with its own step)"
 )
 
 
 class AttemptBase(SQLModel):
     run_id: int | None = Field(default=None, foreign_key="runs.id", index=True)
     parent_id: int | None = Field(default=None, foreign_key="attempts.id", description="the attempt this one revises")
-    step: int | None = Field(default=None, description="the agent's step (iteration) that proposed it")
+    step: int | None = Field(default=None, description=STEP)
     backend: Backend = Field(sa_type=Text)
+    mode: Mode = Field(
+        default="infer",
+        sa_type=Text,
+        description="what its verdicts judged: infer (the forward alone) or train (forward and backward, every "
+        "gradient checked; its speedup is forward+backward's); the options.mode it was submitted with",
+    )
     proposer: str = Field(default="api", max_length=200, description="who proposed it: llm:MODEL, search, human, api")
     rationale: str | None = Field(default=None, sa_type=Text, description="why it was proposed")
 
@@ -241,6 +312,9 @@ class AttemptSummary(AttemptBase):
     compiled: bool | None
     correct: bool | None = Field(description=ATTEMPT_CORRECT)
     speedup: float | None = Field(description=ATTEMPT_SPEEDUP)
+    speedup_low: float | None = Field(None, description=ATTEMPT_SPEEDUP_LOW)
+    speedup_high: float | None = Field(None, description=ATTEMPT_SPEEDUP_HIGH)
+    measurements: int = Field(0, description=ATTEMPT_MEASUREMENTS)
     device: str | None
     created_at: datetime
     updated_at: datetime | None
@@ -251,6 +325,7 @@ class EvaluationBase(SQLModel):
     status: Status = Field(sa_type=Text, index=True)
     message: str = Field(default="", sa_type=Text)
     backend: Backend = Field(sa_type=Text)
+    mode: Mode = Field(default="infer", sa_type=Text, description="infer: the forward alone; train: with the backward")
     device: str = ""
     isolation: str | None = None
     toolchain: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
@@ -271,6 +346,56 @@ class EvaluationPublic(EvaluationBase):
     log: str
 
 
+class ShapeMeasurement(BaseModel):
+    """One benchmark shape of a measurement: the candidate's and the reference's timings (median, spread, n)."""
+
+    shape: str
+    speedup: float | None = PydanticField(description="reference median / candidate median")
+    candidate: Timing | None
+    reference: Timing | None
+    host_slowdown: float | None = PydanticField(
+        description="the host's load while the judge timed this shape's reference (CPU; 1.0 idle): ShapeBenchmark's"
+    )
+
+
+class MeasurementBase(SQLModel):
+    step: int | None = Field(
+        default=None, description=f"the step whose job took it ({STEP}); None: a rerun, or a call outside a run"
+    )
+    measured_at: datetime = Field(description="when the benchmark finished")
+    host: str = Field(default="", description="the machine of the service that ran the job (its executor's host)")
+    backend: Backend = Field(sa_type=Text)
+    device: str = ""
+    host_slowdown: float | None = Field(
+        default=None, description="the largest of the shapes' host_slowdown: the host's load (CPU; 1.0 idle)"
+    )
+    host_too_loaded: bool = Field(
+        default=False, description="timed on an overloaded host (BenchmarkResult.host_too_loaded): kept, never ranked"
+    )
+    counted: bool = Field(description="the attempt's speedup counts it (see not_counted)")
+    not_counted: str = Field(default="", description="why it is not counted: the host's load, or a narrowed benchmark")
+    speedup: float = Field(description="this benchmark's geometric-mean speedup")
+    low: float = Field(description="this benchmark's own interval, from its shapes' spread (tools.speedup_estimate)")
+    high: float
+    deviation: float | None = Field(
+        default=None,
+        description="how far it lies from the counted measurements before it, in units of their spread (log scale, "
+        "tools.speedup_estimate.deviation): 0 agrees, +-2 is far; None when it was the first",
+    )
+    torch: str | None = Field(default=None, description="torch's version the job built against")
+    toolchain: dict[str, Any] = Field(default_factory=dict, sa_type=JSON, description="the build's toolchain")
+
+
+class MeasurementPublic(MeasurementBase):
+    """One benchmark of an attempt, as it was taken: appended, never replaced (GET /v1/attempts/{id}/measurements)."""
+
+    id: int
+    attempt_id: int
+    evaluation_id: int
+    job_id: int | None
+    shapes: list[ShapeMeasurement]
+
+
 class AttemptDetail(AttemptSummary):
     code: str
     evaluations: list[EvaluationPublic]
@@ -284,6 +409,15 @@ class AttemptDiff(BaseModel):
     diff: str = PydanticField(description="unified diff of the two sources")
 
 
+class PageRequest(BaseModel):
+    """Which page of a list (GET /v1/runs and `kernelloop history runs` alike)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = PydanticField(50, ge=1, le=500)
+    offset: int = PydanticField(0, ge=0, le=MAX_ID)
+
+
 class AttemptFilter(BaseModel):
     """Which attempts to list, in what order, and which page."""
 
@@ -293,6 +427,7 @@ class AttemptFilter(BaseModel):
     run_id: int | None = PydanticField(None, ge=1, le=MAX_ID)
     status: AttemptStatus | None = None
     backend: Backend | None = None
+    mode: Mode | None = PydanticField(None, description="infer or train: only attempts judged in that mode")
     proposer: str | None = PydanticField(None, max_length=200)
     correct: bool | None = PydanticField(None, description="true: passed run_tests; false: failed it")
     min_speedup: float | None = PydanticField(
@@ -304,14 +439,21 @@ class AttemptFilter(BaseModel):
     offset: int = PydanticField(0, ge=0, le=MAX_ID)
 
 
+LEADERBOARD_MODE = "infer (default): forward speedups; train: forward+backward speedups (never ranked together)"
+
+
 class LeaderboardEntry(BaseModel):
     rank: int
     problem: str
     attempt_id: int
     run_id: int | None
     backend: Backend
+    mode: Mode = PydanticField(description="infer: the forward's speedup; train: forward+backward's")
     device: str | None
-    speedup: float
+    speedup: float = PydanticField(description=ATTEMPT_SPEEDUP)
+    speedup_low: float | None = PydanticField(None, description=ATTEMPT_SPEEDUP_LOW)
+    speedup_high: float | None = PydanticField(None, description=ATTEMPT_SPEEDUP_HIGH)
+    measurements: int = PydanticField(0, description=ATTEMPT_MEASUREMENTS)
     proposer: str
     created_at: datetime
 
@@ -355,7 +497,7 @@ class SuiteCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = PydanticField(None, max_length=200, description="a label for people")
+    name: Label = PydanticField(None, max_length=200, description="a label for people")
     backend: Backend | None = PydanticField(None, description="default: cuda when the service has a GPU, else cpu")
     options: EvalOptions | None = PydanticField(
         None, description="as for /v1/evaluate; options.policy picks the verdict policy (kernelbench, strict, tf32)"
@@ -504,8 +646,30 @@ class JobPublic(BaseModel):
     speedup: float | None = PydanticField(
         None, description="the geometric-mean speedup of a passed full-coverage benchmark in this job, else None"
     )
+    attempt_speedup: SpeedupEstimate | None = PydanticField(
+        None, description="the attempt's speedup now, over all its counted measurements (AttemptSummary.speedup)"
+    )
+    run_step: int | None = PydanticField(None, description=f"the run's step that asked for this job: {STEP}")
     current: StepProgress | None = PydanticField(None, description="while the job runs: its step's progress")
     links: JobLinks
+
+
+class RerunAnswer(BaseModel):
+    """What `POST /v1/attempts/{id}/rerun` answers: the job that re-measures the attempt under its recorded
+    settings, and once it finished the measurement it appended and the attempt's speedup before and after."""
+
+    job: JobPublic
+    measurement: MeasurementPublic | None = PydanticField(
+        None, description="the new measurement, once the job finished with one (its `deviation` says how far it lies)"
+    )
+    before: SpeedupEstimate | None = PydanticField(None, description="the attempt's speedup before the rerun")
+    after: SpeedupEstimate | None = PydanticField(None, description="the attempt's speedup with the new measurement")
+
+    @classmethod
+    def of(cls, job: JobPublic, measurements: list[MeasurementPublic], before: SpeedupEstimate | None) -> "RerunAnswer":
+        """The answer for the job as it is, from the attempt's measurements (the one the job appended, if any)."""
+        added = [m for m in measurements if m.job_id == job.id]
+        return cls(job=job, measurement=added[-1] if added else None, before=before, after=job.attempt_speedup)
 
 
 # ---------------------------------------------------------------------------------- tool requests
@@ -556,7 +720,7 @@ class SubmissionRequest(KernelSubmission):
         None, ge=1, le=MAX_ID, strict=True, description="the attempt this code revises"
     )
     step: int | None = PydanticField(None, ge=0, le=MAX_ID, strict=True, description="the agent's step number")
-    proposer: str = PydanticField(
+    proposer: PlainText = PydanticField(
         "api", min_length=1, max_length=200, description="who proposed it, e.g. llm:gpt-5, search, human"
     )
 

@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
 from kernelloop.server.openapi import OPENAPI_PATH
+from kernelloop.server.routes.deps import WEB_PAGE
 from kernelloop.server.web import access
 
 ASSETS = "/docs-assets"
@@ -24,7 +25,7 @@ def install(app: FastAPI) -> None:
     """Serve /docs and its assets (the app must be created with docs_url=None and redoc_url=None)."""
     app.mount(ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
 
-    @app.get("/docs", include_in_schema=False, dependencies=[Depends(access.require_reader)])
+    @app.get("/docs", include_in_schema=False, tags=[WEB_PAGE], dependencies=[Depends(access.require_reader)])
     async def docs() -> HTMLResponse:
         return get_swagger_ui_html(
             openapi_url=OPENAPI_PATH,

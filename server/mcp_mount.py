@@ -30,15 +30,19 @@ from kernelloop.contract import (
     ErrorBody,
     JobPublic,
     LeaderboardEntry,
+    MeasurementPublic,
     ProblemDetail,
     ProblemSummary,
+    RerunAnswer,
     SubmissionRequest,
 )
 from kernelloop.server import reads
 from kernelloop.server.auth import admit
 from kernelloop.server.errors import ApiError
-from kernelloop.server.mcp_tools import ServiceCalls, build_mcp_server, refusal
+from kernelloop.server.mcp_tools import JOB_TIMEOUT_S, ServiceCalls, build_mcp_server, refusal
+from kernelloop.server.rerun import rerun_answer, submit_rerun
 from kernelloop.server.service import Service
+from kernelloop.storage import history
 from kernelloop.tools.phase_registry import TOOLS, ToolName
 from kernelloop.tools.results import Backend
 
@@ -108,6 +112,22 @@ class InService:
         return await self._read(
             lambda session: reads.problem_leaderboard(self.service, session, problem, "problem", backend, limit)
         )
+
+    async def measurements(self, attempt_id: int) -> list[MeasurementPublic]:
+        def read(session: Session) -> list[MeasurementPublic]:
+            reads.attempt_row(session, attempt_id, "attempt_id")
+            return history.measurements(session, attempt_id)
+
+        return await self._read(read)
+
+    async def rerun(self, attempt_id: int, client: str) -> RerunAnswer:
+        def submit() -> tuple[JobPublic, RerunAnswer]:
+            admit(self.service, client)
+            return submit_rerun(self.service, attempt_id, client)
+
+        job, queued = await _refusing(submit)
+        job = await self.service.wait(job.id, JOB_TIMEOUT_S)
+        return await _refusing(lambda: rerun_answer(self.service, job, queued))
 
     async def _read(self, read: Callable[[Session], T]) -> T:
         def in_session() -> T:

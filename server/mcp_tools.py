@@ -35,8 +35,10 @@ from kernelloop.contract import (
     ErrorBody,
     JobPublic,
     LeaderboardEntry,
+    MeasurementPublic,
     ProblemDetail,
     ProblemSummary,
+    RerunAnswer,
     SubmissionRequest,
     package_version,
 )
@@ -118,6 +120,12 @@ class ServiceCalls(Protocol):
 
     async def leaderboard(self, problem: str, backend: Backend | None, limit: int) -> list[LeaderboardEntry]: ...
 
+    async def measurements(self, attempt_id: int) -> list[MeasurementPublic]: ...
+
+    async def rerun(self, attempt_id: int, client: str) -> RerunAnswer:
+        """Measure the attempt again under its recorded settings; the answer once its job has ended."""
+        ...
+
 
 ConnectCalls = Callable[[], AbstractAsyncContextManager[ServiceCalls]]
 
@@ -196,12 +204,25 @@ def _read_tools(connect: ConnectCalls) -> list[Tool]:
                 f"GET /v1/problems/{quote(problem, safe='')}/leaderboard",
             )
 
+    async def get_measurements(attempt_id: AttemptId) -> CallToolResult:
+        async with connect() as calls:
+            return await _answer(calls.measurements(attempt_id), f"GET /v1/attempts/{attempt_id}/measurements")
+
+    async def rerun_attempt(attempt_id: AttemptId, ctx: Context) -> CallToolResult:
+        async with connect() as calls:
+            return await _answer(calls.rerun(attempt_id, _client_address(ctx)), f"POST /v1/attempts/{attempt_id}/rerun")
+
     described: dict[Callable[..., Awaitable[CallToolResult]], str] = {
         list_problems: "Every problem the service knows: name, dtype, tolerance policy, shape counts.",
         get_problem: "One problem: its reference source, shapes (sizes, FLOP and byte counts), tolerance.",
         get_attempt: "One attempt: its code, status, speedup and every evaluation with its full result "
         "(a very large code or log comes back cut, with a note saying where the whole is).",
-        leaderboard: "A problem's correct attempts, fastest first (speedup over eager PyTorch).",
+        leaderboard: "A problem's correct attempts, best first: a kernel ranks above another only when its "
+        "speedup interval lies wholly above the other's.",
+        get_measurements: "Every benchmark of an attempt, as taken (when, host, device, host load, per-shape median, "
+        "spread and n, whether it counts): its speedup is the median of the counted ones.",
+        rerun_attempt: "Time an attempt again under its recorded settings: the benchmark is appended as a measurement; "
+        "its deviation says how far it lies from the earlier ones, in units of their spread.",
     }
     return [Tool.from_function(fn, description=description) for fn, description in described.items()]
 

@@ -16,7 +16,7 @@ from kernelloop.server.service import Service
 from kernelloop.storage import history, problems
 from kernelloop.storage.models import Attempt
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
-from kernelloop.tools.results import Backend
+from kernelloop.tools.results import Backend, Mode
 
 MAX_NAME_CHARS = MAX_PROBLEM_NAME_CHARS
 """The longest problem name a read takes: the longest a problem can have."""
@@ -44,7 +44,7 @@ def attempt_detail(session: Session, attempt_id: int, field: str) -> AttemptDeta
 
 
 def problem_leaderboard(
-    service: Service, session: Session, name: str, field: str, backend: Backend | None, limit: int
+    service: Service, session: Session, name: str, field: str, backend: Backend | None, limit: int, mode: Mode = "infer"
 ) -> list[LeaderboardEntry]:
     row = service.problem_row(session, name, field)
-    return history.leaderboard(session, problem_id=row.id, backend=backend, limit=limit)
+    return history.leaderboard(session, problem_id=row.id, backend=backend, mode=mode, limit=limit)

@@ -30,7 +30,7 @@ from kernelloop.contract import JobStatus, utcnow
 from kernelloop.server.events import EventHub
 from kernelloop.server.executor import Executor, Lane, StepLost, StepRequest
 from kernelloop.storage import cancel, queue
-from kernelloop.tools.results import PhaseResult
+from kernelloop.tools.results import PhaseResult, Status
 from kernelloop.tools.sandbox.stop import StopSwitch
 
 log = logging.getLogger("kernelloop.scheduler")
@@ -179,6 +179,12 @@ class Scheduler:
             if switch.thrown:  # the verdict of a killed worker: the step was stopped, not judged
                 self._stopped(job_id, step, started)
                 return
+            if result.sandbox is not None and result.sandbox.killed_from_outside():
+                if queue.requeue_killed(self.engine, job_id, reason=result.message):
+                    log.warning("job %d: its %s worker was killed from outside; queued again", job_id, step)
+                    self.wake()
+                    return
+                result = _killed_again(result)
             job = queue.finish_step(self.engine, job_id, result, started_at=started, finished_at=utcnow())
             if job.status == JobStatus.queued:
                 self.wake()
@@ -225,3 +231,14 @@ class Scheduler:
             self.hub.notify(job_id)
         except Exception:
             log.exception("job %d: could not record progress", job_id)
+
+
+def _killed_again(result: PhaseResult) -> PhaseResult:
+    """A step whose worker was killed from outside a second time, after its job was queued again for the first: the
+    kill follows the kernel (its memory, say, draws the host's OOM killer each time), so it is the kernel's verdict."""
+    return result.model_copy(
+        update={
+            "status": Status.runtime_error,
+            "message": result.message + "; it was killed the same way when queued again, so it counts as the kernel's",
+        }
+    )

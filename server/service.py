@@ -33,7 +33,7 @@ from kernelloop.server.scheduler import Scheduler
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import cancel, history, idempotency, problems, queue
 from kernelloop.storage.models import Attempt, Job, Problem, Run
-from kernelloop.tools.jobs import PHASES_OF_OPTION, EvalOptions, inapplicable_options
+from kernelloop.tools.jobs import EvalOptions, option_refusal
 from kernelloop.tools.phase_registry import PHASES, JobPhase, steps_of
 from kernelloop.tools.problems import ProblemSpec, ShapeSelectionError, check_shape_names
 from kernelloop.tools.results import Backend
@@ -173,7 +173,7 @@ class Service:
             _check_lineage(session, request, problem)
             attempt, reused = history.create_attempt(session, problem, request, backend, client)
             try:
-                job = queue.enqueue(session, attempt, phase, options, client, once)
+                job = queue.enqueue(session, attempt, phase, options, client, once, run_step=request.step)
             except IntegrityError as exc:
                 if once is None:
                     raise
@@ -250,17 +250,14 @@ def _check_lineage(session: Session, request: SubmissionRequest, problem: Proble
 
 def _check_applicable(phase: JobPhase, options: EvalOptions) -> None:
     """Every option given is one a step of the job reads: `compare_torch_compile` on a compile would do nothing."""
-    unused = inapplicable_options(options, steps_of(phase))
-    if unused:
-        readers = {name: " and ".join(sorted(PHASES_OF_OPTION[name])) for name in unused}
+    refusal = option_refusal(phase, options, steps_of(phase))
+    if refusal is not None:
         raise ApiError(
             422,
             "option_not_applicable",
-            f"options.{unused[0]} does nothing in a {phase} job: only a {readers[unused[0]]} step reads it"
-            + (f" (nor do {', '.join(unused[1:])})" if len(unused) > 1 else ""),
-            field=f"body.options.{unused[0]}",
-            fix=f"leave it out of a {phase} call, or call a tool that runs a {readers[unused[0]]} step (evaluate runs "
-            "compile, test and benchmark)",
+            refusal.message,
+            field=f"body.options.{refusal.option}",
+            fix=refusal.fix,
         )
 
 

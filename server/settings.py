@@ -52,6 +52,9 @@ class ServiceSettings(BaseSettings):
     max_code_bytes: int = Field(1 << 20, description="largest submitted source, UTF-8 bytes")
     max_problem_bytes: int = Field(256 << 10, description="largest registered problem file, UTF-8 bytes")
     max_body_bytes: int = Field(4 << 20, description="largest request body")
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="a request (headers and body) must arrive whole this long after its first byte"
+    )
     rate_limit_per_minute: int = Field(120, ge=0, description="state-changing requests per client per minute; 0: off")
     max_wait_s: float = Field(600.0, gt=0, description="longest a waiting tool call blocks before answering 202")
     max_job_interruptions: int = Field(

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import Connection, DateTime, Engine, create_engine, event, inspect, text
+from sqlalchemy import Connection, DateTime, Engine, Float, Integer, Text, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -21,7 +21,7 @@ from sqlmodel import Session, SQLModel, select
 
 from kernelloop.contract import utcnow
 from kernelloop.storage.history import recount_attempts
-from kernelloop.storage.models import SCHEMA_VERSION, SchemaInfo
+from kernelloop.storage.models import SCHEMA_VERSION, Measurement, SchemaInfo
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
 
 log = logging.getLogger("kernelloop.storage")
@@ -32,10 +32,9 @@ Migration = Callable[[Connection], None]
 
 
 def _recount_attempts(connection: Connection) -> None:
-    """v1 -> v2: an attempt's `correct` and `speedup` count only full-coverage verdicts (tools.coverage), and
-    the speedup is the most recent such timing rather than the best; the tables are unchanged."""
-    with Session(bind=connection) as session:
-        recount_attempts(session)
+    """v1 -> v2: an attempt's `correct` and `speedup` count only full-coverage verdicts (tools.coverage); the
+    tables are unchanged. The recount itself is v6 -> v7's, which recounts every attempt from its evaluations (run
+    here, it would read the attempts' v7 columns before they exist)."""
 
 
 def _add_suites(connection: Connection) -> None:
@@ -60,11 +59,51 @@ def _add_cancel_and_idempotency(connection: Connection) -> None:
         connection.execute(text(f"ALTER TABLE jobs ADD COLUMN cancel_requested_at {kind}"))
 
 
+def _add_modes(connection: Connection) -> None:
+    """v5 -> v6: `attempts.mode` and `evaluations.mode` (infer for every row already there: each judged the forward
+    alone), and an attempt's identity within a run includes its mode (the same code judged in train mode is an
+    attempt of its own), so the unique index on (run, code, backend) becomes one on (run, code, backend, mode)."""
+    for table in ("attempts", "evaluations"):
+        if "mode" not in {c["name"] for c in inspect(connection).get_columns(table)}:
+            connection.execute(text(f"ALTER TABLE {table} ADD COLUMN mode TEXT NOT NULL DEFAULT 'infer'"))
+    connection.execute(text("DROP INDEX IF EXISTS ux_attempts_run_code_backend"))
+    connection.execute(
+        text(
+            "CREATE UNIQUE INDEX IF NOT EXISTS ux_attempts_run_code_backend_mode "
+            "ON attempts (run_id, code_sha256, backend, mode)"
+        )
+    )
+
+
+def _add_measurements(connection: Connection) -> None:
+    """v6 -> v7: the measurements table, filled from the benchmarks already kept (each that timed is a measurement);
+    an attempt's speedup becomes the median of its counted measurements with an interval (`speedup_low`,
+    `speedup_high`, `measurements`: every attempt recounted, `correct` too), a job keeps the run's step that asked
+    for it (`run_step`) and a run the version and commit of the service that made it (none for the rows there)."""
+    for table, column, kind in (
+        ("attempts", "speedup_low", Float()),
+        ("attempts", "speedup_high", Float()),
+        ("attempts", "measurements", Integer()),
+        ("jobs", "run_step", Integer()),
+        ("runs", "version", Text()),
+        ("runs", "source_commit", Text()),
+    ):
+        if column not in {c["name"] for c in inspect(connection).get_columns(table)}:
+            default = " NOT NULL DEFAULT 0" if column == "measurements" else ""
+            sql_type = kind.compile(dialect=connection.dialect)
+            connection.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}{default}"))
+    Measurement.__table__.create(connection, checkfirst=True)  # type: ignore[attr-defined]
+    with Session(bind=connection) as session:
+        recount_attempts(session)
+
+
 MIGRATIONS: dict[int, Migration] = {
     1: _recount_attempts,
     2: _add_suites,
     3: _longer_problem_names,
     4: _add_cancel_and_idempotency,
+    5: _add_modes,
+    6: _add_measurements,
 }
 """MIGRATIONS[n] upgrades a version-n database to version n+1."""
 

@@ -2,19 +2,23 @@
 
 An attempt's summary columns (status, stage, compiled, correct, speedup, device) are updated as each
 evaluation is recorded, so listing, filtering and sorting thousands of attempts never opens a result.
-`correct` and `speedup` follow tools.coverage: only verdicts that covered the whole problem count.
+`correct` and `speedup` follow tools.coverage: only verdicts that covered the whole problem count. Every benchmark
+that timed is appended as a measurement, and the attempt's `speedup` is the statistic of tools.speedup_estimate over
+its counted measurements; the runs' best and the leaderboard rank by that module's rule (better beyond the noise).
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+import math
+import platform
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import TypeAdapter
-from sqlalchemy import ColumnElement, func
+from sqlalchemy import ColumnElement, delete, func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 from sqlmodel.sql.expression import Select
@@ -27,26 +31,49 @@ from kernelloop.contract import (
     EvaluationPublic,
     JobStatus,
     LeaderboardEntry,
+    MeasurementPublic,
     Page,
     RunCreate,
     RunPublic,
     RunStatus,
     RunUpdate,
+    ShapeMeasurement,
     SubmissionRequest,
     utcnow,
 )
-from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, Problem, Run, row_id, same_named
+from kernelloop.storage.models import (
+    Attempt,
+    CodeBlob,
+    Evaluation,
+    Job,
+    Measurement,
+    Problem,
+    Run,
+    row_id,
+    same_named,
+)
 from kernelloop.storage.problems import spec_of
 from kernelloop.tools.coverage import Counted, counted
 from kernelloop.tools.problems import ProblemSpec
 from kernelloop.tools.results import (
     Backend,
     BenchmarkResult,
+    Mode,
     PhaseResult,
     PhaseResultAny,
     Status,
     TestResult,
     compile_part,
+)
+from kernelloop.tools.speedup_estimate import (
+    Sample,
+    SpeedupEstimate,
+    best_in_order,
+    deviation,
+    estimate,
+    ranked,
+    sample_of,
+    stated,
 )
 
 RESULT_ADAPTER: TypeAdapter[PhaseResult] = TypeAdapter(PhaseResultAny)
@@ -78,8 +105,16 @@ def store_code(session: Session, text: str) -> str:
 # -------------------------------------------------------------------------------------------- runs
 
 
-def create_run(session: Session, problem: Problem, request: RunCreate) -> Run:
-    run = Run(**same_named(request, Run), problem_id=row_id(problem))
+def create_run(
+    session: Session,
+    problem: Problem,
+    request: RunCreate,
+    *,
+    version: str | None = None,
+    source_commit: str | None = None,
+) -> Run:
+    """A new run; `version` and `source_commit`: those of the service that creates it."""
+    run = Run(**same_named(request, Run), problem_id=row_id(problem), version=version, source_commit=source_commit)
     session.add(run)
     session.commit()
     session.refresh(run)
@@ -153,20 +188,23 @@ def _runs_public(session: Session, runs: Sequence[Run]) -> list[RunPublic]:
     names = dict(session.exec(select(Problem.id, Problem.name)).all())
     out = []
     for run in runs:
-        best = session.exec(
-            select(Attempt.id, Attempt.speedup)
+        contenders = session.exec(
+            select(Attempt)
             .where(Attempt.run_id == run.id, col(Attempt.correct).is_(True), col(Attempt.speedup).is_not(None))
-            .order_by(col(Attempt.speedup).desc())
-            .limit(1)
-        ).first()
+            .order_by(col(Attempt.id))
+        ).all()
+        best = best_in_order((row_id(a), e) for a in contenders if (e := estimate_of(a)) is not None)
         out.append(
             RunPublic.model_validate(
                 {
                     **_columns(run, RunPublic.model_fields),
                     "problem": names.get(run.problem_id, "?"),
+                    "mode": run.config.get("mode") if run.config.get("mode") in get_args(Mode) else "infer",
                     "attempts": counts.get(run.id, 0),
                     "best_attempt_id": best[0] if best else None,
-                    "best_speedup": best[1] if best else None,
+                    "best_speedup": best[1].speedup if best else None,
+                    "best_speedup_low": best[1].low if best else None,
+                    "best_speedup_high": best[1].high if best else None,
                 }
             )
         )
@@ -197,16 +235,20 @@ def list_runs(
 def create_attempt(
     session: Session, problem: Problem, request: SubmissionRequest, backend: Backend, client: str
 ) -> tuple[Attempt, bool]:
-    """Record a submission. Within a run, the same code on the same backend is the same attempt
+    """Record a submission. Within a run, the same code on the same backend in the same mode is the same attempt
     (a compile, then a test, then a benchmark of one kernel); returns (attempt, reused)."""
     digest = store_code(session, request.code)
+    mode = request.options.mode if request.options is not None else "infer"
 
     def existing() -> Attempt | None:
         if request.run_id is None:
             return None
         return session.exec(
             select(Attempt).where(
-                Attempt.run_id == request.run_id, Attempt.code_sha256 == digest, Attempt.backend == backend
+                Attempt.run_id == request.run_id,
+                Attempt.code_sha256 == digest,
+                Attempt.backend == backend,
+                Attempt.mode == mode,
             )
         ).first()
 
@@ -219,6 +261,7 @@ def create_attempt(
         parent_id=request.parent_attempt_id,
         step=request.step,
         backend=backend,
+        mode=mode,
         proposer=request.proposer,
         rationale=request.rationale,
         code_sha256=digest,
@@ -243,11 +286,13 @@ def record_evaluation(
     job_id: int | None,
     result: PhaseResult,
     *,
+    mode: Mode = "infer",
     created_at: datetime,
     started_at: datetime,
     finished_at: datetime,
 ) -> Evaluation:
-    """Store one verdict with its log, and bring the attempt's summary up to date (one transaction)."""
+    """Store one verdict (judged in `mode`, its job's) with its log, and bring the attempt's summary up to date (one
+    transaction)."""
     compiled = compile_part(result)
     log = compiled.log if compiled is not None else ""
     if result.sandbox is not None and not log:
@@ -260,6 +305,7 @@ def record_evaluation(
         status=result.status,
         message=result.message,
         backend=result.backend,
+        mode=mode,
         device=result.device,
         isolation=result.sandbox.isolation if result.sandbox else None,
         toolchain=compiled.toolchain if compiled is not None else {},
@@ -275,7 +321,11 @@ def record_evaluation(
     session.add(evaluation)
     attempt = session.get(Attempt, attempt_id)
     assert attempt is not None
-    _summarize(attempt, result, counted(problem_spec(session, attempt.problem_id), result))
+    verdict = counted(problem_spec(session, attempt.problem_id), result)
+    _summarize(attempt, result, verdict)
+    if isinstance(result, BenchmarkResult):
+        session.flush()  # the evaluation's id, for its measurement
+        _measure(session, attempt, evaluation, result, verdict)
     session.add(attempt)
     session.commit()
     session.refresh(evaluation)
@@ -301,32 +351,117 @@ def _summarize(attempt: Attempt, result: PhaseResult, verdict: Counted) -> None:
 def _count(attempt: Attempt, verdict: Counted) -> None:
     if verdict.correct is not None:
         attempt.correct = verdict.correct
-    if verdict.speedup is not None:
-        attempt.speedup = verdict.speedup  # the most recent full-coverage timing, not the best of several
+
+
+def _measure(
+    session: Session, attempt: Attempt, evaluation: Evaluation, result: BenchmarkResult, verdict: Counted
+) -> None:
+    """Append the benchmark as a measurement of the attempt (one that passed with a speedup: a failed or suspicious
+    benchmark measured nothing), and restate the attempt's speedup over its counted measurements."""
+    sample = sample_of(result)
+    if not result.ok or sample is None:
+        return
+    before = counted_samples(session, row_id(attempt))
+    slowdowns = [s.host_slowdown for s in result.shapes if s.host_slowdown is not None]
+    not_counted = ""
+    if result.host_too_loaded:
+        not_counted = f"timed on an overloaded host (host_slowdown {max(slowdowns, default=0):.2f}): kept, not ranked"
+    elif verdict.speedup is None:
+        not_counted = verdict.coverage.note if verdict.coverage is not None else "not a full benchmark"
+    job = session.get(Job, evaluation.job_id) if evaluation.job_id is not None else None
+    compiled = compile_part(result)
+    toolchain = compiled.toolchain if compiled is not None else {}
+    session.add(
+        Measurement(
+            attempt_id=row_id(attempt),
+            evaluation_id=row_id(evaluation),
+            job_id=evaluation.job_id,
+            step=job.run_step if job is not None else None,
+            measured_at=evaluation.finished_at or utcnow(),
+            host=platform.node(),
+            backend=result.backend,
+            device=result.device,
+            host_slowdown=max(slowdowns, default=None),
+            host_too_loaded=result.host_too_loaded,
+            counted=not not_counted,
+            not_counted=not_counted,
+            speedup=sample.speedup,
+            low=math.exp(math.log(sample.speedup) - sample.log_half_width),
+            high=math.exp(math.log(sample.speedup) + sample.log_half_width),
+            deviation=deviation(sample.speedup, before),
+            torch=toolchain.get("torch"),
+            toolchain=toolchain,
+            shapes=[
+                ShapeMeasurement(
+                    shape=s.shape,
+                    speedup=s.speedup,
+                    candidate=s.candidate,
+                    reference=s.reference,
+                    host_slowdown=s.host_slowdown,
+                ).model_dump(mode="json")
+                for s in result.shapes
+            ],
+        )
+    )
+    _restate(attempt, [*before, sample] if not not_counted else before)
+
+
+def _restate(attempt: Attempt, samples: list[Sample]) -> None:
+    """The attempt's speedup columns: the statistic over its counted samples."""
+    stated = estimate(samples)
+    attempt.speedup = stated.speedup if stated else None
+    attempt.speedup_low = stated.low if stated else None
+    attempt.speedup_high = stated.high if stated else None
+    attempt.measurements = stated.n if stated else 0
+
+
+def counted_samples(session: Session, attempt_id: int) -> list[Sample]:
+    """The samples of an attempt's counted measurements, oldest first."""
+    rows = session.exec(
+        select(Measurement.speedup, Measurement.low)
+        .where(Measurement.attempt_id == attempt_id, col(Measurement.counted).is_(True))
+        .order_by(col(Measurement.id))
+    ).all()
+    return [Sample(speedup=speedup, log_half_width=math.log(speedup / low)) for speedup, low in rows]
+
+
+def estimate_of(attempt: Attempt) -> SpeedupEstimate | None:
+    """An attempt's stated speedup, as its summary columns hold it; None before a counted measurement."""
+    return stated(attempt.speedup, attempt.speedup_low, attempt.speedup_high, attempt.measurements)
 
 
 def recount_attempts(session: Session) -> int:
-    """Recompute every tested or timed attempt's `correct` and `speedup` from its evaluations by the coverage
-    rule (the upgrade to schema v2); returns how many attempts were recounted. Flushes, does not commit."""
+    """Recompute every tested or timed attempt's `correct`, measurements and speedup from its evaluations, in the
+    order they were made (the upgrade to schema v7: every benchmark that timed becomes a measurement); returns how
+    many attempts were recounted. Flushes, does not commit."""
+    session.exec(delete(Measurement))
     verdicts = session.exec(
-        select(Evaluation.attempt_id, Evaluation.result)
-        .where(col(Evaluation.kind).in_(["test", "benchmark"]))
-        .order_by(col(Evaluation.attempt_id), col(Evaluation.id))
+        select(Evaluation).where(col(Evaluation.kind).in_(["test", "benchmark"])).order_by(col(Evaluation.id))
     ).all()
     specs: dict[int, ProblemSpec] = {}
     recounted: set[int] = set()
-    for attempt_id, result in verdicts:
-        attempt = session.get(Attempt, attempt_id)
+    for evaluation in verdicts:
+        attempt = session.get(Attempt, evaluation.attempt_id)
         assert attempt is not None
-        if attempt_id not in recounted:
-            attempt.correct, attempt.speedup = None, None
-            recounted.add(attempt_id)
+        if evaluation.attempt_id not in recounted:
+            attempt.correct = None
+            _restate(attempt, [])
+            recounted.add(evaluation.attempt_id)
         if attempt.problem_id not in specs:
             specs[attempt.problem_id] = problem_spec(session, attempt.problem_id)
-        _count(attempt, counted(specs[attempt.problem_id], parse_result(result)))
+        result = parse_result(evaluation.result)
+        verdict = counted(specs[attempt.problem_id], result)
+        _count(attempt, verdict)
+        if isinstance(result, BenchmarkResult):
+            _measure(session, attempt, evaluation, result, verdict)
         session.add(attempt)
-    session.flush()
+        session.flush()
     return len(recounted)
+
+
+def measurements(session: Session, attempt_id: int) -> list[MeasurementPublic]:
+    """Every measurement of an attempt, oldest first."""
+    return measurements_of(session, [attempt_id]).get(attempt_id, [])
 
 
 SummaryQuery = Select[Attempt, str, int]
@@ -361,6 +496,8 @@ def list_attempts(session: Session, f: AttemptFilter) -> Page[AttemptSummary]:
         conditions.append(col(Attempt.status) == f.status.value)
     if f.backend is not None:
         conditions.append(col(Attempt.backend) == f.backend)
+    if f.mode is not None:
+        conditions.append(col(Attempt.mode) == f.mode)
     if f.proposer is not None:
         conditions.append(col(Attempt.proposer) == f.proposer)
     if f.correct is not None:
@@ -418,21 +555,15 @@ def evaluation_public(evaluation: Evaluation, spec: ProblemSpec) -> EvaluationPu
     )
 
 
-def latest_benchmarks(session: Session, attempt_ids: Sequence[int]) -> dict[int, BenchmarkResult]:
-    """Each attempt's most recent passed benchmark, per shape timings and all (a plot of a run's steps)."""
+def measurements_of(session: Session, attempt_ids: Sequence[int]) -> dict[int, list[MeasurementPublic]]:
+    """Every measurement of each attempt, oldest first (a plot of a run's steps reads them all at once)."""
     rows = session.exec(
-        select(Evaluation.attempt_id, Evaluation.result)
-        .where(
-            col(Evaluation.attempt_id).in_(attempt_ids), Evaluation.kind == "benchmark", Evaluation.status == "passed"
-        )
-        .order_by(col(Evaluation.id))
+        select(Measurement).where(col(Measurement.attempt_id).in_(attempt_ids)).order_by(col(Measurement.id))
     ).all()
-    latest: dict[int, BenchmarkResult] = {}
-    for attempt_id, data in rows:
-        result = parse_result(data)
-        if isinstance(result, BenchmarkResult):
-            latest[attempt_id] = result
-    return latest
+    out: dict[int, list[MeasurementPublic]] = {}
+    for row in rows:
+        out.setdefault(row.attempt_id, []).append(MeasurementPublic.model_validate(row, from_attributes=True))
+    return out
 
 
 def attempt_code(session: Session, attempt_id: int) -> str | None:
@@ -457,35 +588,44 @@ def diff_attempts(session: Session, from_id: int, to_id: int) -> AttemptDiff | N
 
 
 def leaderboard(
-    session: Session, *, problem_id: int | None = None, backend: Backend | None = None, limit: int = 10
+    session: Session,
+    *,
+    problem_id: int | None = None,
+    backend: Backend | None = None,
+    mode: Mode = "infer",
+    limit: int = 10,
 ) -> list[LeaderboardEntry]:
-    """Correct attempts by speedup: the top `limit` of one problem, or the best of every problem."""
+    """Correct attempts judged in `mode` ranked by the rule of tools.speedup_estimate (`ranked`: the first in the
+    order they were made, replaced only by one whose interval clears it): the top `limit` of one problem, or the best
+    of every problem (a forward's speedup and a forward+backward's are not ranked together)."""
     base = (
         select(Attempt, Problem.name)
         .join(Problem, col(Problem.id) == col(Attempt.problem_id))
-        .where(col(Attempt.correct).is_(True), col(Attempt.speedup).is_not(None))
+        .where(col(Attempt.correct).is_(True), col(Attempt.speedup).is_not(None), col(Attempt.mode) == mode)
+        .order_by(col(Attempt.id))
     )
     if backend is not None:
         base = base.where(Attempt.backend == backend)
-    order = (col(Attempt.speedup).desc(), col(Attempt.id).asc())
     if problem_id is not None:
-        rows = session.exec(base.where(Attempt.problem_id == problem_id).order_by(*order).limit(limit)).all()
+        problem_ids = [problem_id]
     else:
-        problem_ids = session.exec(select(Problem.id).order_by(Problem.name)).all()
-        rows = [
-            row
-            for pid in problem_ids
-            for row in session.exec(base.where(Attempt.problem_id == pid).order_by(*order).limit(1)).all()
-        ]
-    return [
-        LeaderboardEntry(
-            **same_named(a, LeaderboardEntry),
-            rank=i + 1 if problem_id is not None else 1,
-            problem=name,
-            attempt_id=a.id,
-        )
-        for i, (a, name) in enumerate(rows)
-    ]
+        problem_ids = [pid for pid in session.exec(select(Problem.id).order_by(Problem.name)).all() if pid is not None]
+        limit = 1
+    entries: list[LeaderboardEntry] = []
+    for pid in problem_ids:
+        rows = {row_id(a): (a, name) for a, name in session.exec(base.where(Attempt.problem_id == pid)).all()}
+        places = ranked([(i, e) for i, (a, _) in rows.items() if (e := estimate_of(a)) is not None], limit)
+        for rank, (attempt_id, _) in enumerate(places, start=1):
+            attempt, name = rows[attempt_id]
+            entries.append(
+                LeaderboardEntry(
+                    **same_named(attempt, LeaderboardEntry),
+                    rank=rank,
+                    problem=name,
+                    attempt_id=attempt_id,
+                )
+            )
+    return entries
 
 
 def parse_result(data: Mapping[str, Any]) -> PhaseResult:

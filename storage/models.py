@@ -6,7 +6,8 @@ JSON of `kernelloop.tools.results` models and come back out as those same models
 
 Tables: problems, runs (one agent session), code (stored once by sha256), attempts (one submission:
 its run, parent, step, proposer and rationale, plus a summary of its evaluations for fast queries),
-evaluations (one compile, test or benchmark verdict with the full result), jobs (the queue),
+evaluations (one compile, test or benchmark verdict with the full result), measurements (one per benchmark
+that timed: appended, never replaced; an attempt's speedup is a statistic over them), jobs (the queue),
 job events (what `GET /v1/jobs/{id}/events` streams), idempotency keys (a retried tool call's job), and
 suites with their entries (a set of problems and one solution each, scored as KernelBench scores them).
 """
@@ -21,12 +22,19 @@ from sqlmodel import Field, SQLModel
 
 from kernelloop.contract import (
     ATTEMPT_CORRECT,
+    ATTEMPT_MEASUREMENTS,
     ATTEMPT_SPEEDUP,
+    ATTEMPT_SPEEDUP_HIGH,
+    ATTEMPT_SPEEDUP_LOW,
     PROBLEM_FILE_NAME,
+    RUN_COMMIT,
+    RUN_VERSION,
+    STEP,
     AttemptBase,
     EvaluationBase,
     JobStatus,
     LaneKind,
+    MeasurementBase,
     RunBase,
     RunStatus,
     utcnow,
@@ -34,11 +42,14 @@ from kernelloop.contract import (
 from kernelloop.tools.phase_registry import JobPhase, Phase
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 7
 """Bumped with every change to the tables or to what their columns mean; storage.database upgrades or refuses
 older databases (v2: an attempt's `correct` and `speedup` count only full-coverage verdicts; v3: suites; v4: a
 problem's name up to MAX_PROBLEM_NAME_CHARS, and the name of the file it was registered from; v5: a job's
-cancel request, and the idempotency keys of tool calls)."""
+cancel request, and the idempotency keys of tool calls; v6: the mode (infer, train) of each attempt and
+evaluation, and an attempt's identity within a run includes its mode; v7: measurements, one row per benchmark,
+appended; an attempt's speedup is the median of its counted ones with an interval; a job's step; a run's version
+and commit)."""
 
 
 class _Row(Protocol):
@@ -126,6 +137,8 @@ class Run(RunBase, table=True):
     status: RunStatus = Field(default=RunStatus.active, sa_type=Text)
     config: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
     meta: dict[str, Any] = Field(default_factory=dict, sa_type=JSON, description="counters a client keeps, e.g. tokens")
+    version: str | None = Field(default=None, description=RUN_VERSION)
+    source_commit: str | None = Field(default=None, description=RUN_COMMIT)
     created_at: datetime = _created()
     updated_at: datetime | None = _timestamp()
     finished_at: datetime | None = _timestamp()
@@ -151,8 +164,8 @@ class Attempt(AttemptBase, table=True):
     __table_args__ = (
         Index("ix_attempts_problem_status", "problem_id", "status"),
         Index("ix_attempts_problem_speedup", "problem_id", "speedup"),
-        # within a run, one code on one backend is one attempt (NULL run ids never collide)
-        Index("ux_attempts_run_code_backend", "run_id", "code_sha256", "backend", unique=True),
+        # within a run, one code on one backend in one mode is one attempt (NULL run ids never collide)
+        Index("ux_attempts_run_code_backend_mode", "run_id", "code_sha256", "backend", "mode", unique=True),
     )
     id: int | None = Field(default=None, primary_key=True)
     problem_id: int = Field(foreign_key="problems.id", index=True)
@@ -166,6 +179,9 @@ class Attempt(AttemptBase, table=True):
     compiled: bool | None = None
     correct: bool | None = Field(default=None, description=ATTEMPT_CORRECT)
     speedup: float | None = Field(default=None, index=True, description=ATTEMPT_SPEEDUP)
+    speedup_low: float | None = Field(default=None, description=ATTEMPT_SPEEDUP_LOW)
+    speedup_high: float | None = Field(default=None, description=ATTEMPT_SPEEDUP_HIGH)
+    measurements: int = Field(default=0, description=ATTEMPT_MEASUREMENTS)
     device: str | None = None
 
 
@@ -181,6 +197,20 @@ class Evaluation(EvaluationBase, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, description="when the job was queued")
     started_at: datetime | None = _timestamp()
     finished_at: datetime | None = _timestamp()
+
+
+class Measurement(MeasurementBase, table=True):
+    """One benchmark of an attempt that timed (storage.history.record_evaluation appends it; nothing replaces it)."""
+
+    __tablename__ = "measurements"
+    id: int | None = Field(default=None, primary_key=True)
+    attempt_id: int = Field(foreign_key="attempts.id", index=True)
+    evaluation_id: int = Field(foreign_key="evaluations.id", unique=True)
+    job_id: int | None = Field(default=None, foreign_key="jobs.id")
+    measured_at: datetime = Field(sa_type=UTCDateTime)
+    shapes: list[dict[str, Any]] = Field(
+        default_factory=list, sa_type=JSON, description="contract.ShapeMeasurement per benchmark shape, as JSON"
+    )
 
 
 # -------------------------------------------------------------------------------------------- jobs
@@ -204,6 +234,7 @@ class Job(SQLModel, table=True):
     note: str = Field(default="", sa_type=Text, description="interruptions and harness errors, for people")
     interruptions: int = 0
     client: str = Field(default="", max_length=200)
+    run_step: int | None = Field(default=None, description=STEP)
     created_at: datetime = _created()
     started_at: datetime | None = _timestamp()
     finished_at: datetime | None = _timestamp()

@@ -18,7 +18,7 @@ from sqlmodel import Session, col, select
 
 from kernelloop.contract import JobLinks, JobPublic, JobStatus, LaneKind, StepProgress, utcnow
 from kernelloop.storage import cancel, idempotency
-from kernelloop.storage.history import parse_result, record_evaluation
+from kernelloop.storage.history import estimate_of, parse_result, record_evaluation
 from kernelloop.storage.models import Attempt, CodeBlob, Evaluation, Job, JobEvent, Problem, row_id, same_named
 from kernelloop.storage.problems import spec_of
 from kernelloop.tools.coverage import counted
@@ -59,9 +59,12 @@ def enqueue(
     options: EvalOptions,
     client: str,
     once: idempotency.CallKey | None = None,
+    *,
+    run_step: int | None = None,
 ) -> Job:
-    """Queue the attempt's job; with `once`, its idempotency key in the same transaction (an IntegrityError when
-    a concurrent call with the same key got there first: nothing is queued)."""
+    """Queue the attempt's job (asked for by the run's step `run_step`, if any); with `once`, its idempotency key in
+    the same transaction (an IntegrityError when a concurrent call with the same key got there first: nothing is
+    queued)."""
     steps = steps_for(phase, attempt.backend)
     job = Job(
         attempt_id=row_id(attempt),
@@ -71,6 +74,7 @@ def enqueue(
         options=options.model_dump(mode="json"),
         client=client,
         status=JobStatus.queued,
+        run_step=run_step,
     )
     session.add(job)
     attempt.status, attempt.updated_at = "pending", utcnow()
@@ -186,6 +190,7 @@ def finish_step(
             job.attempt_id,
             job_id,
             result,
+            mode=EvalOptions.model_validate(job.options).mode,
             created_at=job.created_at,
             started_at=started_at,
             finished_at=finished_at,
@@ -288,7 +293,29 @@ def requeue_lost(engine: Engine, job_id: int, *, max_interruptions: int, reason:
         return queued
 
 
-def _interrupt(session: Session, job: Job, reason: str, max_interruptions: int, counts: bool) -> bool:
+OUTSIDE_KILL = "outside_kill"
+"""the cause of an interruption whose worker a signal from outside the job killed (JobEvent data `cause`)"""
+
+
+def requeue_killed(engine: Engine, job_id: int, *, reason: str) -> bool:
+    """The running step's worker was killed from outside the job (an operator, the host's OOM killer): queue the job
+    again, as after a service kill, once. False when it was queued again for a kill before (a second kill is the
+    step's verdict) or is no longer running."""
+    with Session(engine) as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.running.value:
+            return False
+        earlier = session.exec(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.type == "interrupted")).all()
+        if any(event.data.get("cause") == OUTSIDE_KILL for event in earlier):
+            return False
+        queued = _interrupt(session, job, reason, job.interruptions + 1, counts=True, cause=OUTSIDE_KILL)
+        session.commit()
+        return queued
+
+
+def _interrupt(
+    session: Session, job: Job, reason: str, max_interruptions: int, counts: bool, cause: str = "service"
+) -> bool:
     step, lane = job.steps[job.step_index], job.lane
     if job.cancel_requested_at is not None:  # its cancel was asked: it ends, never to run again
         cancel.end(session, job, f"cancelled: its {step} step on lane {lane} ended with it ({reason}); not run again")
@@ -296,7 +323,16 @@ def _interrupt(session: Session, job: Job, reason: str, max_interruptions: int, 
     job.interruptions += 1 if counts else 0
     stamp = utcnow().strftime("%Y-%m-%d %H:%M:%S UTC")
     line = f"{stamp}: interrupted ({reason}) during step {step} on lane {lane}"
-    add_event(session, row_id(job), "interrupted", step=step, lane=lane, reason=reason, interruptions=job.interruptions)
+    add_event(
+        session,
+        row_id(job),
+        "interrupted",
+        step=step,
+        lane=lane,
+        reason=reason,
+        interruptions=job.interruptions,
+        cause=cause,
+    )
     if job.interruptions > max_interruptions:
         job.note = (job.note + "\n" if job.note else "") + line
         _fail(
@@ -371,6 +407,7 @@ def job_public(session: Session, job: Job, *, reused_attempt: bool = False) -> J
         coverage=[v.coverage for v in verdicts if v.coverage is not None],
         correct=next((v.correct for v in reversed(verdicts) if v.correct is not None), None),
         speedup=next((v.speedup for v in reversed(verdicts) if v.speedup is not None), None),
+        attempt_speedup=estimate_of(attempt),
         current=_current_step(session, job),
         links=JobLinks(
             self=f"/v1/jobs/{job.id}", events=f"/v1/jobs/{job.id}/events", attempt=f"/v1/attempts/{job.attempt_id}"

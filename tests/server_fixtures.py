@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,7 +25,16 @@ from conftest import CPU_EXAMPLE, KERNELLOOP_COMMAND, QUIET_SERVICE_ENV, REPO, s
 
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import ProblemSpec, load_problem
-from kernelloop.tools.results import Backend, BenchmarkResult, ShapeBenchmark, ShapeCheck, Status, TestResult
+from kernelloop.tools.results import (
+    Backend,
+    BenchmarkResult,
+    CompileResult,
+    ShapeBenchmark,
+    ShapeCheck,
+    Status,
+    TestResult,
+    Timing,
+)
 
 CUDA_EXAMPLE = (REPO / "reference_problems" / "causal_conv1d" / "example_cuda.py").read_text()
 TOKEN = "test-token-7f3a"
@@ -255,4 +265,44 @@ def passed_benchmark(
     timed = [ShapeBenchmark(shape=name, status=Status.passed, speedup=speedup) for name in names]
     return BenchmarkResult(
         status=Status.passed, problem=problem, backend=backend, shapes=timed, geomean_speedup=speedup, **fields
+    )
+
+
+def _timing(median_ms: float, relative_std: float, n: int) -> Timing:
+    std = median_ms * relative_std
+    return Timing(
+        median_ms=median_ms, mean_ms=median_ms, std_ms=std, min_ms=median_ms - std, max_ms=median_ms + std, n=n
+    )
+
+
+def measured_benchmark(
+    speedup: float, *, host_slowdown: float = 1.0, loaded: bool = False, n: int = 30
+) -> BenchmarkResult:
+    """A passed benchmark of every cpu benchmark shape of causal_conv1d at `speedup` (each shape's own speedup, so the
+    geomean), with random medians and a few percent of spread, n timed calls a side."""
+    shapes = []
+    for name in [s.name for s in _spec("causal_conv1d").benchmark_shapes("cpu")]:
+        reference_ms = random.uniform(0.5, 20.0)
+        shapes.append(
+            ShapeBenchmark(
+                shape=name,
+                status=Status.passed,
+                speedup=speedup,
+                candidate=_timing(reference_ms / speedup, random.uniform(0.01, 0.05), n),
+                reference=_timing(reference_ms, random.uniform(0.01, 0.05), n),
+                host_slowdown=host_slowdown,
+            )
+        )
+    compiled = CompileResult(
+        status=Status.passed, problem="causal_conv1d", backend="cpu", toolchain={"torch": "2.14.1"}
+    )
+    return BenchmarkResult(
+        status=Status.passed,
+        problem="causal_conv1d",
+        backend="cpu",
+        device="cpu",
+        compile=compiled,
+        shapes=shapes,
+        geomean_speedup=speedup,
+        host_too_loaded=loaded,
     )

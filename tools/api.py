@@ -134,6 +134,8 @@ def run_phase(
     check_shape_coverage(step.problem, step.phase, step.backend, step.options.shapes)
     result = _run_phase(step, settings or get_sandbox_settings(), on_progress, pool)
     result.dtype = job_dtype(step.problem, step.options.precision)
+    if isinstance(result, (TestResult, BenchmarkResult)):
+        result.mode = step.options.mode
     return result
 
 
@@ -388,10 +390,11 @@ def _verdict_without_reply(step: Step, partial: Sequence[PhaseResult], report: S
         tail = report.stderr.strip().splitlines()[-3:]
         result.status = Status.runtime_error
         result.message = f"the worker died ({how}){where}" + (": " + " | ".join(tail) if tail else "")
-        if report.signal == "SIGKILL":  # the sandbox's own kills set timed_out or killed_for: not this one
+        if report.killed_from_outside():  # the sandbox's own kills set timed_out or killed_for: not this one
+            result.status = Status.sandbox_error
             result.message += (
-                "; the worker was killed by a signal from outside the job, not by the sandbox (e.g. the host's OOM "
-                "killer when memory ran out): it may not be the kernel's fault, so look at the host before the code"
+                f"; the worker was killed by {report.signal} from outside the job, not by the sandbox's limits nor "
+                "by the kernel (an operator, or the host's OOM killer when memory ran out): no verdict on the kernel"
             )
     return result
 

@@ -2,8 +2,9 @@
 
 A passed run_tests marks an attempt correct only when it checked every correctness shape of the problem on the
 attempt's backend with at least the default number of seeds (tools.jobs.EvalOptions().seeds); a passed benchmark
-sets the attempt's speedup only when it timed every benchmark shape. A narrower run (options.shapes, fewer seeds)
-is kept with its evaluation but counts for nothing, and its `Coverage.note` says so. A failed test counts
+counts for the attempt's speedup only when it timed every benchmark shape, on a host not overloaded
+(`host_too_loaded`). A narrower run (options.shapes, fewer seeds) is kept with its evaluation but counts for
+nothing, and its `Coverage.note` says so. A failed test counts
 whatever it covered: one wrong shape is enough; a test the harness could not carry out (`sandbox_error`: the
 reference or its float64 truth failed) counts for nothing. The history (attempt summaries, runs' best, the leaderboard)
 and the jobs the API answers with both read this rule, so the agent reads the service's judgement.
@@ -66,7 +67,8 @@ def counted(spec: ProblemSpec, result: PhaseResult) -> Counted:
         return Counted(correct=True if coverage.full else None, coverage=coverage)
     if isinstance(result, BenchmarkResult):
         coverage = benchmark_coverage(spec, result)
-        counts = result.ok and coverage.full and bool(result.geomean_speedup)
+        # timed on an overloaded host: kept and marked, but its speedup says more about the load than the kernel
+        counts = result.ok and coverage.full and bool(result.geomean_speedup) and not result.host_too_loaded
         return Counted(speedup=result.geomean_speedup if counts else None, coverage=coverage)
     return Counted()
 

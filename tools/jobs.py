@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kernelloop.tools.phase_registry import Phase
 from kernelloop.tools.problems import ProblemSpec
-from kernelloop.tools.results import Backend, PhaseResultAny
+from kernelloop.tools.results import Backend, Mode, PhaseResultAny
 
 Precision = Literal["fp32", "fp16", "bf16"]
 """KernelBench's precision option (`kernelloop.tools.problems.PRECISIONS` maps each to its dtype)"""
@@ -40,6 +40,11 @@ class EvalOptions(BaseModel):
         description="how a test judges: strict (fp32) or tf32 against the float64 truth, or kernelbench "
         "(KernelBench's own check: allclose against the reference, models in training mode); default: the "
         "problem's own (kernelbench for a KernelBench file without our metadata)",
+    )
+    mode: Mode = Field(
+        "infer",
+        description="infer: the forward alone; train: forward and backward, the outputs and the gradients of every "
+        "input and parameter checked against the reference's, forward+backward timed as one step",
     )
     precision: Precision | None = Field(
         None,
@@ -84,6 +89,7 @@ class EvalOptions(BaseModel):
 
 PHASES_OF_OPTION: dict[str, frozenset[Phase]] = {
     "seeds": frozenset({"test"}),
+    "mode": frozenset({"test", "benchmark"}),
     "memory_check": frozenset({"test"}),
     "compare_torch_compile": frozenset({"benchmark"}),
     "time_budget_s": frozenset({"benchmark"}),
@@ -101,6 +107,30 @@ def inapplicable_options(options: EvalOptions, phases: tuple[Phase, ...]) -> lis
         name
         for name, phases_reading in PHASES_OF_OPTION.items()
         if not phases_reading & {*phases} and getattr(options, name) != EvalOptions.model_fields[name].default
+    )
+
+
+class OptionRefusal(BaseModel):
+    """An option a job would not read, in the words the API and the command line both refuse it with."""
+
+    option: str = Field(description="the EvalOptions field, e.g. seeds")
+    message: str
+    fix: str
+
+
+def option_refusal(phase: str, options: EvalOptions, phases: tuple[Phase, ...]) -> OptionRefusal | None:
+    """The first option set away from its default that no step of a `phase` job (running `phases`) reads, or None:
+    `compare_torch_compile` on a compile would do nothing, and a caller who sets it expects an effect."""
+    unused = inapplicable_options(options, phases)
+    if not unused:
+        return None
+    readers = " and ".join(sorted(PHASES_OF_OPTION[unused[0]]))
+    return OptionRefusal(
+        option=unused[0],
+        message=f"options.{unused[0]} does nothing in a {phase} job: only a {readers} step reads it"
+        + (f" (nor do {', '.join(unused[1:])})" if len(unused) > 1 else ""),
+        fix=f"leave it out of a {phase} call, or call a tool that runs a {readers} step (evaluate runs "
+        "compile, test and benchmark)",
     )
 
 
@@ -140,41 +170,51 @@ class WorkerJob(BaseModel):
 
 
 FREEZER_FDS_VARIABLE = "KERNELLOOP_FREEZER_FDS"
-"""the worker's environment variable that names the freezer's descriptors: `procs,freeze,events`"""
+"""the worker's environment variable that names the freezer's descriptors: `procs,freeze,events[,stat]`"""
 
 
 @dataclass
 class FreezerFiles:
     """Descriptors of the candidate's freezer cgroup, opened by the service: `procs` (cgroup.procs, written once by
-    the runner to join), `freeze` (cgroup.freeze) and `events` (cgroup.events, which says when all have stopped).
-    The kernel checks a write to cgroup.procs against who opened it, so the sandboxed runner may join it."""
+    the runner to join), `freeze` (cgroup.freeze), `events` (cgroup.events, which says when all have stopped) and
+    `stat` (cpu.stat: the CPU time its processes used, which the judge reads around each reference sample; None
+    where the cgroup has none). The kernel checks a write to cgroup.procs against who opened it, so the sandboxed
+    runner may join it."""
 
     procs: int
     freeze: int
     events: int
+    stat: int | None = None
 
     @classmethod
     def open(cls, directory: Path) -> FreezerFiles:
         """The files of the cgroup `directory`, opened by the service (which may write them)."""
+        try:
+            stat: int | None = os.open(directory / "cpu.stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            stat = None
         return cls(
             os.open(directory / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC),
             os.open(directory / "cgroup.freeze", os.O_WRONLY | os.O_CLOEXEC),
             os.open(directory / "cgroup.events", os.O_RDONLY | os.O_CLOEXEC),
+            stat,
         )
 
     def as_variable(self) -> str:
-        return f"{self.procs},{self.freeze},{self.events}"
+        return ",".join(str(fd) for fd in self.fds())
 
     @classmethod
     def from_variable(cls, value: str | None) -> FreezerFiles | None:
         try:
-            procs, freeze, events = (int(fd) for fd in (value or "").split(","))
+            fds = [int(fd) for fd in (value or "").split(",")]
         except ValueError:
             return None
-        return cls(procs, freeze, events)
+        if len(fds) not in (3, 4):
+            return None
+        return cls(*fds)
 
     def fds(self) -> list[int]:
-        return [self.procs, self.freeze, self.events]
+        return [self.procs, self.freeze, self.events, *([self.stat] if self.stat is not None else [])]
 
 
 class WorkerReply(BaseModel):

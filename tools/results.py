@@ -40,6 +40,8 @@ class Status(str, Enum):
 
 Isolation = Literal["bubblewrap", "unshare", "none"]
 Backend = Literal["cuda", "cpu"]
+Mode = Literal["infer", "train"]
+"""infer: the forward alone; train: the forward and the backward (gradients of every input and parameter)"""
 
 
 class Diagnostic(BaseModel):
@@ -55,6 +57,10 @@ class Diagnostic(BaseModel):
         None, description="file the compiler saw (cuda.cu, main.cpp), if not the submission"
     )
     generated_line: int | None = None
+
+
+OUTSIDE_SIGNALS = frozenset({"SIGKILL", "SIGTERM"})
+"""what an operator or the host's OOM killer ends a process with; a fault of the process is SIGSEGV, SIGABRT, ..."""
 
 
 class SandboxReport(BaseModel):
@@ -79,6 +85,12 @@ class SandboxReport(BaseModel):
     prestarted: bool = Field(
         False, description="the worker was started ahead of the job (its sandbox and imports ready when it came)"
     )
+
+    def killed_from_outside(self) -> bool:
+        """The worker died of a signal that neither the sandbox sent (its deadline, its limits) nor the submission
+        could: the judge is out of the candidate's reach (the runner's seccomp filter), so a SIGKILL or SIGTERM came
+        from outside the job (an operator, the host's OOM killer) and says nothing of the kernel."""
+        return self.signal in OUTSIDE_SIGNALS and not self.timed_out and self.killed_for is None
 
 
 class PhaseResult(BaseModel):
@@ -160,6 +172,11 @@ class ShapeCheck(BaseModel):
     verdicts: dict[str, Status] = Field(
         {}, description="the status each policy gives this check: the one judged under, and the other computed beside"
     )
+    gradient_errors: dict[str, float] = Field(
+        {},
+        description="training mode: each gradient checked (grad of input x, grad of weight), by its largest error "
+        "over the check's calls (max|got - expected| / max|expected|)",
+    )
 
 
 PolicyName = Literal["fp32", "tf32", "kernelbench"]
@@ -232,6 +249,9 @@ class MemoryCheck(BaseModel):
 class TestResult(PhaseResult):
     __test__ = False  # not a pytest class
     kind: Literal["test"] = "test"
+    mode: Mode = Field(
+        "infer", description="what was judged: the forward alone (infer) or forward and backward (train)"
+    )
 
     compile: CompileResult | None = None
     tolerance: TolerancePolicy | None = Field(None, description="the policy this test was judged under")
@@ -262,6 +282,41 @@ class Timing(BaseModel):
     n: int
 
 
+class ReferenceCheck(BaseModel):
+    """How the reference timed between the candidate's calls was held to its solo baseline (timed before any of the
+    candidate's code existed): the agreement, and the samples timed again."""
+
+    backend: Backend = "cpu"
+    trimmed_mean_ms: float | None = Field(
+        None, description="the interleaved reference's samples' mean without the highest and lowest tenth"
+    )
+    bound_ms: float | None = Field(
+        None,
+        description="the most trimmed_mean_ms may be: the solo median plus the larger of 3 standard errors of the "
+        "solo samples and 100% of their median on the CPU, 10% on the GPU, times load_ratio",
+    )
+    load_ratio: float = Field(
+        1.0,
+        description="how much more the host's load slowed the judge's own threads while the interleaved reference "
+        "was timed than while the solo baseline was (CPU), capped at 1.5: the bound is widened by it",
+    )
+    retimed: int = Field(0, description="reference samples past the solo samples' 9th decile, timed again")
+    contended: int = Field(
+        0, description="trusted samples timed again because the candidate's processes used CPU time during them"
+    )
+    freeze_failures: int = Field(
+        0, description="trusted samples not timed because the freeze did not complete within its limit"
+    )
+    candidate_cpu_ms_max: float = Field(
+        0.0,
+        description="the most CPU time the candidate's processes used during a kept reference sample (their "
+        "cgroup's cpu.stat, else their threads' schedstat): about zero when the freeze holds",
+    )
+    candidate_cpu_ms_contended_max: float = Field(
+        0.0, description="the most CPU time the candidate's processes used during a sample that was timed again"
+    )
+
+
 class ShapeBenchmark(BaseModel):
     shape: str
     status: Status
@@ -277,6 +332,18 @@ class ShapeBenchmark(BaseModel):
     memory_floor_ms: float | None = None
     fraction_of_floor: float | None = Field(None, description="floor_ms / candidate median")
     outputs_checked: int = Field(0, description="timed calls whose output the judge checked: all of them")
+    gradients_checked: int = Field(
+        0, description="training mode: timed calls whose gradients the judge checked against the reference's: all"
+    )
+    backward: Timing | None = Field(
+        None,
+        description="training mode: the candidate's backward alone, as its runner timed it (the step, forward and "
+        "backward, is `candidate`)",
+    )
+    reference_backward: Timing | None = Field(
+        None, description="training mode: the reference's backward alone, timed by the judge within its steps"
+    )
+    backward_speedup: float | None = Field(None, description="training mode: reference_backward / backward, medians")
     seeds: list[int] = Field(
         [],
         description="the seed the models were built under, then the first input sets' seeds (the problem's "
@@ -305,13 +372,32 @@ class ShapeBenchmark(BaseModel):
         "for a core, over their CPU time, while it timed the reference with the candidate's processes stopped (1.0 "
         "on an idle host); the envelope's margin is widened by it (up to a cap). None on the GPU",
     )
+    reference_solo: Timing | None = Field(
+        None,
+        description="the reference timed by the judge in rounds like the benchmark's before any of the candidate's "
+        "code existed (the runner running the judge's own reference): the baseline the interleaved reference must "
+        "agree with",
+    )
+    reference_solo_host_slowdown: float | None = Field(
+        None, description="host_slowdown as measured while the solo baseline was timed (CPU)"
+    )
+    reference_check: ReferenceCheck | None = None
 
 
 class BenchmarkResult(PhaseResult):
     kind: Literal["benchmark"] = "benchmark"
+    mode: Mode = Field(
+        "infer", description="what was timed: the forward alone (infer) or forward and backward as one step (train)"
+    )
     compile: CompileResult | None = None
     shapes: list[ShapeBenchmark] = []
     geomean_speedup: float | None = None
+    host_too_loaded: bool = Field(
+        False,
+        description="CPU: the host's load while the judge timed the reference (host_slowdown of a shape) was past "
+        "the limit where a speedup says more about the load than the kernel: the verdict and the figures stand, but "
+        "the speedup is not used to rank (the search's best, the leaderboard); time it again on a quieter host",
+    )
     timing_method: str = ""
     call_overhead_ms: float | None = Field(
         None,
@@ -331,6 +417,12 @@ class BenchmarkResult(PhaseResult):
         "pid_namespace, every process of the job's pid namespace but the judge's own (bubblewrap; atomic against "
         "fork, so no chain of short-lived processes runs on); process_group, the runner's process group alone "
         "(isolation unshare or none, where a process of its own session escapes it); None before any timing",
+    )
+    runner_pid_namespace: bool | None = Field(
+        None,
+        description="whether the candidate's runner had a pid namespace of its own, where no thread of the judge's "
+        "has a number its calls could name (bubblewrap); False where it shared the judge's (isolation unshare or "
+        "none, a GPU tool's runner), its seccomp filter naming the judge's pid alone; None before any timing",
     )
 
 

@@ -64,11 +64,14 @@ class SearchProposer:
             templates
             if templates is not None
             else for_precision(
-                discover_templates(config.problem, config.chosen_backend, self.template_errors), config.precision
+                discover_templates(config.problem, config.chosen_backend, self.template_errors, config.mode),
+                config.precision,
             )
         )
         self.baseline = (
-            baseline if baseline is not None else baseline_kernel(config.problem, config.chosen_backend, self.templates)
+            baseline
+            if baseline is not None
+            else baseline_kernel(config.problem, config.chosen_backend, self.templates, config.mode)
         )
         self.search_state = SearchState.model_validate(state) if state else SearchState()
         shapes = shapes if shapes is not None else _benchmark_shapes(config)
@@ -81,7 +84,7 @@ class SearchProposer:
     @classmethod
     def unavailable_reason(cls, config: AgentRunConfig) -> str | None:
         """Why the search cannot run on this problem and backend, or None."""
-        every = discover_templates(config.problem, config.chosen_backend)
+        every = discover_templates(config.problem, config.chosen_backend, mode=config.mode)
         templates = for_precision(every, config.precision)
         if every and not templates:
             return (
@@ -89,6 +92,16 @@ class SearchProposer:
                 f"--precision {config.precision} (a template lists the precisions its ModelNew takes in "
                 f"PRECISIONS = [...]; these take {sorted({p for t in every for p in t.precisions})}): run without "
                 "--precision, or use --proposer llm"
+            )
+        if (
+            config.mode == "train"
+            and baseline_kernel(config.problem, config.chosen_backend, templates, "train") is None
+        ):
+            return (
+                f"the search has no training kernel of {config.problem} for the {config.chosen_backend} backend to "
+                'start from: in --mode train it starts from and explores only templates listing MODES = ["train"] '
+                "(a ModelNew whose backward is its own kernels; an example file has none), and "
+                f"{config.problem} ships none there. Use --mode infer, or --proposer llm"
             )
         if not templates and baseline_kernel(config.problem, config.chosen_backend, templates) is None:
             backend = config.chosen_backend

@@ -205,12 +205,13 @@ class SearchPlan:
         incumbent = self.state.trials.get(self.state.incumbent or "")
         budget = self._budget(max(self.state.rung, 1))
         planned = 0
+        tried = self._tried()
         if incumbent is not None and incumbent.template in self.by_name and incumbent.params is not None:
             template = self.by_name[incumbent.template]
             for name, old, new, params in _neighbours(template, incumbent.params):
                 if planned == width:
                     break
-                if params_key(template.name, params) in self.state.trials:
+                if params_key(template.name, params) in tried:
                     continue
                 key = self._add_trial(template, params)
                 self._enqueue(
@@ -247,7 +248,7 @@ class SearchPlan:
         """Rung 0: every template's defaults, then seeded random points, as many as the budget allows."""
         size = _population_size(self.config, self.state)
         chosen: list[tuple[KernelTemplate, Params]] = []
-        seen: set[str] = set(self.state.trials)
+        seen = self._tried()
         for template in self.searchable:
             params = dict(template.default_params)
             key = params_key(template.name, params)
@@ -266,11 +267,18 @@ class SearchPlan:
     def _unseen_points(self) -> list[tuple[KernelTemplate, Params]]:
         """Every valid point not tried yet, in a seeded random order (a fresh order per call keeps it stable)."""
         rng = random.Random(self.config.seed)
-        points = [
-            (t, p) for t in self.searchable for p in t.all_params() if params_key(t.name, p) not in self.state.trials
-        ]
+        tried = self._tried()
+        points = [(t, p) for t in self.searchable for p in t.all_params() if params_key(t.name, p) not in tried]
         rng.shuffle(points)
         return points
+
+    def _tried(self) -> set[str]:
+        """The points (params_key) tried or planned: every trial's, and the start's where it is a point of a template
+        the search tunes (a training search starts from a training template at its defaults)."""
+        tried = set(self.state.trials)
+        if self.baseline is not None and self.baseline.template is not None and self.baseline.params is not None:
+            tried.add(params_key(self.baseline.template, self.baseline.params))
+        return tried
 
     def _budget(self, rung: int) -> float:
         return round(float(self.config.search_time_budget_s * ETA**rung), 3)

@@ -1,7 +1,7 @@
 """`kernelloop`: the command line, one module per command group.
 
-`tools` (compile, test, bench, profile, demo), `serve`, `history`, `agent`, `suite` and `mcp`. This package sits
-above every other one and imports them plainly; nothing below imports it. A command imports only its own group:
+`tools` (compile, test, bench, profile, demo), `serve`, `history`, `agent`, `suite`, `rerun` and `mcp`. This package
+sits above every other one and imports them plainly; nothing below imports it. A command imports only its own group:
 the MCP SDK, the service and the agent's clients take over a second to import, which `kernelloop compile` of a
 cached build (an answer in about a second) should not pay. Help and unknown commands build the whole parser.
 """
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from kernelloop.contract import package_version
 from kernelloop.tools.sandbox.launch import SandboxUnavailable
 
-GROUPS = ("tools", "serve", "history", "agent", "suite", "mcp_stdio")
+GROUPS = ("tools", "serve", "history", "agent", "suite", "rerun", "mcp_stdio")
 GROUP_OF = {
     "compile": "tools",
     "test": "tools",
@@ -29,6 +29,7 @@ GROUP_OF = {
     "history": "history",
     "agent": "agent",
     "suite": "suite",
+    "rerun": "rerun",
     "mcp": "mcp_stdio",
 }
 
@@ -55,7 +56,8 @@ def value_error_line(exc: ValidationError, parser: argparse.ArgumentParser) -> s
     where = _flag_for(field, parser) or (field and f"{field} (KERNELLOOP_{field.upper()} or the flag that sets it)")
     got = f" (got {error['input']!r})" if "input" in error and not isinstance(error["input"], dict) else ""
     more = f"; and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
-    return f"{where + ': ' if where else ''}{error['msg']}{got}{more}"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where + ': ' if where else ''}{message}{got}{more}"
 
 
 def _flag_for(field: str, parser: argparse.ArgumentParser) -> str | None:
@@ -70,7 +72,7 @@ def _flag_for(field: str, parser: argparse.ArgumentParser) -> str | None:
                 found = _flag_for(field, sub)
                 if found is not None:
                     return found
-        elif action.option_strings and action.dest in (field, stem, f"{stem}_seconds"):
+        elif action.option_strings and action.dest in (field, stem, f"{stem}_seconds", field.removesuffix("_url")):
             return max(action.option_strings, key=len)
     return None
 

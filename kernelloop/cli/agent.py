@@ -24,6 +24,7 @@ from kernelloop.agent.progress import Progress
 from kernelloop.agent.runner import RunRefused, resume_run, start_run
 from kernelloop.agent.service_client import ServiceClient
 from kernelloop.agent.settings import AgentSettings
+from kernelloop.agent.templates import MODES
 from kernelloop.cli.client_setup import client_settings, open_service
 from kernelloop.tools.problems import PRECISIONS
 
@@ -60,6 +61,7 @@ def _config(args: argparse.Namespace, settings: AgentSettings) -> AgentRunConfig
         search_time_budget_s=args.search_time_budget,
         memory_check=not args.no_memory_check,
         precision=args.precision,
+        mode=args.mode,
         output=str(Path(args.output).resolve()) if args.output else None,
     )
 
@@ -239,6 +241,13 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         choices=sorted(PRECISIONS),
         help="KernelBench's precision option for every job: the inputs and both models cast to it, the reference "
         "timed in it too (default: the problem's dtype)",
+    )
+    run.add_argument(
+        "--mode",
+        choices=list(MODES),
+        default="infer",
+        help="infer (default): the forward alone; train: every job judges and times forward and backward (outputs "
+        "and the gradients of every input and parameter), and the search explores only templates with a backward",
     )
     run.add_argument("--output", help="where to write the best kernel (default: the run's folder in the data folder)")
     _common(run)

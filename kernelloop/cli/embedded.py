@@ -52,6 +52,7 @@ class EmbeddedService:
         import uvicorn
 
         from kernelloop.server.app import ConfigError, create_app
+        from kernelloop.server.request_deadline import deadline_protocol
         from kernelloop.storage.database import SchemaError, describe_url
 
         try:
@@ -64,7 +65,12 @@ class EmbeddedService:
         port = sock.getsockname()[1]
         logging.getLogger("kernelloop").setLevel(logging.ERROR if self.log_level == "warning" else logging.INFO)
         config = uvicorn.Config(
-            app, log_level=self.log_level, access_log=False, timeout_graceful_shutdown=5, lifespan="on"
+            app,
+            log_level=self.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=5,
+            lifespan="on",
+            http=deadline_protocol(self.settings.request_timeout_s),
         )
         server = uvicorn.Server(config)
         self._server = server

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from kernelloop.cli.history_source import HistoryError, HistoryReader, open_reader
-from kernelloop.contract import AttemptFilter, AttemptStatus, RunStatus
+from kernelloop.contract import AttemptFilter, AttemptStatus, MeasurementPublic, PageRequest, RunStatus
 from kernelloop.storage.database import SchemaError
 
 T = TypeVar("T", bound=BaseModel)
@@ -38,15 +38,30 @@ def _when(value: Any) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
+def measurement_line(m: MeasurementPublic) -> str:
+    """One measurement as `kernelloop rerun` and `kernelloop history show` print it."""
+    load = f", host load {m.host_slowdown:.2f}" if m.host_slowdown is not None else ""
+    far = f", {m.deviation:+.1f} spreads from the earlier ones" if m.deviation is not None else ""
+    kept = "" if m.counted else f" (not counted: {m.not_counted})"
+    return (
+        f"[{m.id}] {m.measured_at:%Y-%m-%d %H:%M:%S} step {m.step if m.step is not None else '-'} on "
+        f"{m.host or '?'}/{m.device or m.backend}: {m.speedup:.3f}x [{m.low:.3f}, {m.high:.3f}]{load}{far}{kept}"
+    )
+
+
 def _history_runs(args: argparse.Namespace, reader: HistoryReader) -> int:
     page = reader.runs(args.problem, RunStatus(args.status) if args.status else None, args.limit)
     if args.json:
         _print_json(page)
         return 0
-    print(f"{'run':>5}  {'problem':22} {'status':11} {'attempts':>8} {'best':>8}  {'proposer':14} {'started':19}  name")
+    print(
+        f"{'run':>5}  {'problem':22} {'mode':5} {'status':11} {'attempts':>8} {'best':>8}  {'proposer':14} "
+        f"{'started':19}  name"
+    )
     for run in page.items:
         print(
-            f"{run.id:>5}  {run.problem:22} {run.status.value:11} {run.attempts:>8} {_fmt(run.best_speedup):>8}  "
+            f"{run.id:>5}  {run.problem:22} {run.mode:5} {run.status.value:11} {run.attempts:>8} "
+            f"{_fmt(run.best_speedup):>8}  "
             f"{(run.proposer or '-'):14} {_when(run.created_at):19}  {run.name or ''}"
         )
     print(f"{len(page.items)} of {page.total} runs")
@@ -78,7 +93,7 @@ def _history_run(args: argparse.Namespace, reader: HistoryReader) -> int:
         return 2
     if args.json:
         return 0
-    print(f"run {run.id}: {run.name or ''} ({run.problem}, {run.backend or '-'}, {run.proposer or '-'})")
+    print(f"run {run.id}: {run.name or ''} ({run.problem}, {run.backend or '-'}, {run.mode}, {run.proposer or '-'})")
     print(f"  status {run.status.value}, started {_when(run.created_at)}, finished {_when(run.finished_at)}")
     if run.notes:
         print(f"  {run.notes}")
@@ -103,14 +118,15 @@ def _history_attempts(args: argparse.Namespace, reader: HistoryReader) -> int:
         _print_json(page)
         return 0
     print(
-        f"{'id':>6} {'run':>5} {'step':>4} {'parent':>6}  {'problem':20} {'backend':7} {'stage':9} {'status':17} "
-        f"{'correct':7} {'speedup':>8}  {'proposer':12} created"
+        f"{'id':>6} {'run':>5} {'step':>4} {'parent':>6}  {'problem':20} {'backend':7} {'mode':5} {'stage':9} "
+        f"{'status':17} {'correct':7} {'speedup':>8}  {'proposer':12} created"
     )
     for a in page.items:
         correct = "-" if a.correct is None else ("yes" if a.correct else "no")
         print(
             f"{a.id:>6} {a.run_id or '-':>5} {a.step if a.step is not None else '-':>4} {a.parent_id or '-':>6}  "
-            f"{a.problem:20} {a.backend:7} {a.stage or '-':9} {a.status.value:17} {correct:7} {_fmt(a.speedup):>8}  "
+            f"{a.problem:20} {a.backend:7} {a.mode:5} {a.stage or '-':9} {a.status.value:17} {correct:7} "
+            f"{_fmt(a.speedup):>8}  "
             f"{a.proposer[:12]:12} {_when(a.created_at)}"
         )
     print(f"{len(page.items)} of {page.total} attempts")
@@ -127,9 +143,10 @@ def _history_show(args: argparse.Namespace, reader: HistoryReader) -> int:
         return 2
     if args.json:
         return 0
+    interval = f" [{_fmt(detail.speedup_low)}, {_fmt(detail.speedup_high)}] over {detail.measurements} measured"
     print(
-        f"attempt {detail.id}: {detail.problem} on {detail.backend}, {detail.status.value}"
-        + (f", speedup {detail.speedup:.3f}x" if detail.speedup else "")
+        f"attempt {detail.id}: {detail.problem} on {detail.backend} in {detail.mode} mode, {detail.status.value}"
+        + (f", speedup {detail.speedup:.3f}x{interval}" if detail.speedup else "")
         + (f" on {detail.device}" if detail.device else "")
     )
     print(
@@ -154,6 +171,11 @@ def _history_show(args: argparse.Namespace, reader: HistoryReader) -> int:
         )
         for d in (diagnostics or [])[:5]:
             print(f"      {d.severity} line {d.line or '?'}: {d.message[:120]}")
+    taken = reader.measurements(detail.id)
+    if taken:
+        print("  measurements (appended, never replaced; the speedup is the median of the counted ones):")
+    for m in taken:
+        print(f"    {measurement_line(m)}")
     if args.code:
         print("----- code -----")
         print(detail.code)
@@ -177,8 +199,16 @@ def _history_best(args: argparse.Namespace, reader: HistoryReader) -> int:
     return 0
 
 
-def _guarded(handler: Callable[[argparse.Namespace, HistoryReader], int]) -> Callable[[argparse.Namespace], int]:
+def _guarded(
+    handler: Callable[[argparse.Namespace, HistoryReader], int],
+    check: Callable[[argparse.Namespace], object] | None = None,
+) -> Callable[[argparse.Namespace], int]:
+    """The handler, given the history it reads; `check` first validates the flags through the API's model (its
+    ValidationError is one line and exit 2, before any database or service is opened)."""
+
     def run(args: argparse.Namespace) -> int:
+        if check is not None:
+            check(args)
         try:
             return handler(args, open_reader(args))
         except (SchemaError, HistoryError) as exc:
@@ -205,7 +235,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     runs.add_argument("--status", choices=[s.value for s in RunStatus])
     runs.add_argument("--limit", type=int, default=50)
     common(runs)
-    runs.set_defaults(handler=_guarded(_history_runs))
+    runs.set_defaults(handler=_guarded(_history_runs, lambda args: PageRequest(limit=args.limit)))
 
     run = sub.add_parser("run", help="one run: status, best, and the search's winner per benchmark shape")
     run.add_argument("id", type=int)
@@ -217,6 +247,9 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     attempts.add_argument("--run", dest="run_id", type=int, help="only this run's attempts")
     attempts.add_argument("--status", choices=[s.value for s in AttemptStatus])
     attempts.add_argument("--backend", choices=["cuda", "cpu"])
+    attempts.add_argument(
+        "--mode", choices=["infer", "train"], help="only attempts judged in this mode (train: forward and backward)"
+    )
     attempts.add_argument("--min-speedup", type=float)
     attempts.add_argument("--sort", choices=["created", "speedup", "step", "id"], default="created")
     attempts.add_argument("--order", choices=["asc", "desc"], default="desc")

@@ -21,6 +21,7 @@ from kernelloop.contract import (
     AttemptFilter,
     AttemptSummary,
     LeaderboardEntry,
+    MeasurementPublic,
     Page,
     RunPublic,
     RunStatus,
@@ -52,16 +53,19 @@ class HistoryReader(Protocol):
 
     def best(self, problem: str | None, backend: Backend | None, limit: int) -> list[LeaderboardEntry]: ...
 
+    def measurements(self, attempt_id: int) -> list[MeasurementPublic]: ...
+
 
 def open_reader(args: argparse.Namespace) -> HistoryReader:
     """The service at --server when one is named, else the database of --db (or the data folder's); with neither,
     the service of KERNELLOOP_SERVER_URL where it is set. Both flags at once are refused: one would be ignored."""
-    settings = AgentSettings()
-    if getattr(args, "server", None) and getattr(args, "db", None):
+    given = getattr(args, "server", None)
+    settings = AgentSettings(**({"server_url": given} if given else {}))  # a --server that is no URL: exit 2
+    if given and getattr(args, "db", None):
         raise HistoryError(
             "give --server (read a running service) or --db (read a database file), not both: one would be ignored"
         )
-    server = getattr(args, "server", None) or (None if getattr(args, "db", None) else settings.server_url)
+    server = settings.server_url if given or not getattr(args, "db", None) else None
     if server:
         token = settings.api_token.get_secret_value() if settings.api_token else None
         return RemoteHistory(server, token)
@@ -99,6 +103,10 @@ class LocalHistory:
     def attempt(self, attempt_id: int) -> AttemptDetail | None:
         with Session(self.engine) as session:
             return history.attempt_detail(session, attempt_id)
+
+    def measurements(self, attempt_id: int) -> list[MeasurementPublic]:
+        with Session(self.engine) as session:
+            return history.measurements(session, attempt_id)
 
     def best(self, problem: str | None, backend: Backend | None, limit: int) -> list[LeaderboardEntry]:
         with Session(self.engine) as session:
@@ -157,6 +165,9 @@ class RemoteHistory:
 
     def attempt(self, attempt_id: int) -> AttemptDetail | None:
         return self._get_if_found(f"/v1/attempts/{attempt_id}", AttemptDetail)
+
+    def measurements(self, attempt_id: int) -> list[MeasurementPublic]:
+        return self._get(f"/v1/attempts/{attempt_id}/measurements", list[MeasurementPublic])
 
     def best(self, problem: str | None, backend: Backend | None, limit: int) -> list[LeaderboardEntry]:
         params: dict[str, Any] = {"backend": backend} if backend else {}

@@ -54,6 +54,12 @@ class OverHttp:
     async def leaderboard(self, problem: str, backend: Backend | None, limit: int) -> list[contract.LeaderboardEntry]:
         return _answered(await self.client.leaderboard(problem, backend, limit), "problem")
 
+    async def measurements(self, attempt_id: int) -> list[contract.MeasurementPublic]:
+        return _answered(await self.client.measurements(attempt_id), "attempt_id")
+
+    async def rerun(self, attempt_id: int, client: str) -> contract.RerunAnswer:
+        return _answered(await self.client.rerun(attempt_id), "attempt_id")
+
 
 def _answered(answer: T | ServiceFailure, argument: str | None = None) -> T:
     """The answer, or the service's refusal as the tools answer it in the service itself (`refusal`): the same

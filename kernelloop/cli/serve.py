@@ -15,6 +15,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from kernelloop.server.app import ConfigError, create_app
+    from kernelloop.server.request_deadline import deadline_protocol
 
     settings = service_settings(
         args,
@@ -53,7 +54,14 @@ def _serve(args: argparse.Namespace) -> int:
         f"data folder {settings.data_dir.resolve()}; steps run {_where_steps_run(app)}",
         flush=True,
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        timeout_graceful_shutdown=5,
+        http=deadline_protocol(settings.request_timeout_s),
+    )
     return 0
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import get_args
 
 from kernelloop.agent.service_connection import ServiceFailure
 from kernelloop.agent.suite import SuiteOutcome, plan_suite, run_suite
@@ -23,7 +24,7 @@ from kernelloop.cli.client_setup import client_settings, open_service
 from kernelloop.contract import FAST_P_THRESHOLDS, SuitePublic
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import POLICY_CHOICES, PRECISIONS, ProblemError, problem_name
-from kernelloop.tools.results import Status
+from kernelloop.tools.results import Mode, Status
 
 OWN_POLICY = "each problem's own"
 
@@ -100,6 +101,7 @@ def suite_options(args: argparse.Namespace) -> EvalOptions:
     return EvalOptions(
         policy=args.policy,
         precision=args.precision,
+        mode=args.mode,
         time_budget_s=args.time_budget,
         memory_check=not args.no_memory_check,
     )
@@ -165,6 +167,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument(
         "--precision", choices=sorted(PRECISIONS), help="KernelBench's precision option: inputs and models cast to it"
+    )
+    p.add_argument(
+        "--mode",
+        choices=get_args(Mode),
+        default="infer",
+        help="infer: the forward alone (default); train: forward and backward, every gradient checked, "
+        "forward+backward timed as one step",
     )
     p.add_argument("--time-budget", type=float, default=2.0, help="seconds of timing per benchmark shape, a cap")
     p.add_argument(

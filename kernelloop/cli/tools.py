@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import get_args
 
 from kernelloop.cli.live_line import LiveLine
+from kernelloop.cli.submission_file import SubmissionRefused, check_options, read_submission
 from kernelloop.tools.api import benchmark, default_backend, make_step, run_phase, run_tests
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import PHASES
@@ -25,6 +27,7 @@ from kernelloop.tools.problems import (
 from kernelloop.tools.results import (
     BenchmarkResult,
     CompileResult,
+    Mode,
     PhaseResult,
     ProfileResult,
     Status,
@@ -63,6 +66,8 @@ def _format_test(result: TestResult) -> list[str]:
         err = f"{c.max_rel_error:.2e}" if c.max_rel_error is not None else "-"
         ref = f"{c.reference_max_rel_error:.2e}" if c.reference_max_rel_error is not None else "-"
         lines.append(f"{c.shape:34} {c.seed:>11} {c.status.value:14} {err:>12} {ref:>10}  {c.message[:80]}")
+        for name, error in c.gradient_errors.items():
+            lines.append(f"  {name:>43} {'':14} {error:>12.2e}")
     return lines
 
 
@@ -86,6 +91,11 @@ def _format_benchmark(result: BenchmarkResult) -> list[str]:
             f"{f(s.fraction_of_floor, '.1%'):>8} "
             f"{s.candidate.n if s.candidate else 0:>5}  {s.status.value} {s.message[:60]}"
         )
+        if s.backward is not None and s.reference_backward is not None:
+            lines.append(
+                f"  {'backward alone':32} {ms(s.backward):>10} {ms(s.reference_backward):>10} "
+                f"{f(s.backward_speedup, '.3f'):>8}  ({s.gradients_checked} timed steps' gradients checked)"
+            )
     if result.geomean_speedup:
         lines.append(f"geometric mean speedup: {result.geomean_speedup:.3f}x  ({result.timing_method})")
     if result.freezer:
@@ -96,8 +106,10 @@ def _format_benchmark(result: BenchmarkResult) -> list[str]:
 def format_result(result: PhaseResult) -> str:
     """A person's view of any tool result."""
     dtype = f" in {result.dtype}" if result.dtype else ""
+    mode = ", training mode (forward and backward)" if getattr(result, "mode", "infer") == "train" else ""
     lines = [
-        f"{result.problem} on {result.backend} ({result.device or 'no device'}){dtype}: {result.status.value.upper()}"
+        f"{result.problem} on {result.backend} ({result.device or 'no device'}){dtype}{mode}: "
+        f"{result.status.value.upper()}"
     ]
     if result.message:
         lines.append(f"  {result.message}")
@@ -131,30 +143,56 @@ def _format_profile(result: ProfileResult) -> list[str]:
     return lines
 
 
+OPTION_FLAGS = {
+    "seeds": "--seeds",
+    "seed": "--seed",
+    "memory_check": "--no-memory-check",
+    "compare_torch_compile": "--torch-compile",
+    "time_budget_s": "--time-budget",
+    "timeout_s": "--timeout",
+    "policy": "--policy",
+    "precision": "--precision",
+    "mode": "--mode",
+}
+"""each option of EvalOptions the command line sets, by its flag (--shapes and --shape set `shapes`)"""
+
+
+def _options(args: argparse.Namespace) -> EvalOptions:
+    """The options the flags set; a flag not given leaves the API's default, so an option is refused (as the API
+    refuses it) only when it was asked for."""
+    chosen = getattr(args, "shape", None)  # profile's one shape
+    given = {
+        "shapes": [chosen] if chosen else args.shapes,
+        "seeds": args.seeds,
+        "seed": args.seed,
+        "memory_check": False if args.no_memory_check else None,
+        "compare_torch_compile": True if args.torch_compile else None,
+        "time_budget_s": args.time_budget,
+        "timeout_s": args.timeout,
+        "policy": args.policy,
+        "precision": args.precision,
+        "mode": args.mode,
+    }
+    return EvalOptions(**{name: value for name, value in given.items() if value is not None})
+
+
 def _run_tool(args: argparse.Namespace) -> int:
     path = Path(args.file)
-    if not path.is_file():
-        print(f"kernelloop: {path}: no such file (give the path of a Python file defining ModelNew)", file=sys.stderr)
+    try:
+        code = read_submission(path)
+        options = _options(args)
+        check_options(args.phase, options, OPTION_FLAGS)
+    except SubmissionRefused as exc:
+        print(f"kernelloop {args.command}: {exc}", file=sys.stderr)
         return 2
     try:
         problem = load_problem(args.problem, cache_dir=get_sandbox_settings().data_dir / "problem-specs")
     except ProblemError as exc:
         print(f"kernelloop: --problem: {exc}", file=sys.stderr)
         return 2
-    chosen = getattr(args, "shape", None)  # profile's one shape
-    options = EvalOptions(
-        shapes=[chosen] if chosen else args.shapes,
-        seeds=args.seeds,
-        seed=args.seed,
-        memory_check=not args.no_memory_check,
-        compare_torch_compile=args.torch_compile,
-        time_budget_s=args.time_budget,
-        timeout_s=args.timeout,
-        policy=args.policy,
-        precision=args.precision,
-    )
+    chosen = getattr(args, "shape", None)
     try:
-        step = make_step(args.phase, problem, path.read_text(), args.backend, options)
+        step = make_step(args.phase, problem, code, args.backend, options)
     except ShapeSelectionError as exc:
         print(f"kernelloop: {'--shape' if chosen else '--shapes'}: {exc}", file=sys.stderr)
         return 2
@@ -191,10 +229,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
             nargs="+",
             help="only these of the phase's shapes (test: correctness shapes; bench, profile: benchmark)",
         )
-        p.add_argument("--seeds", type=int, default=3, help="random input sets per correctness shape (test)")
+        p.add_argument("--seeds", type=int, help="random input sets per correctness shape (test; default 3)")
         p.add_argument("--seed", type=int, help="pin the judge's seeds to rerun a failure (a result lists its seeds)")
         p.add_argument("--torch-compile", action="store_true", help="also time torch.compile(Model) (bench)")
-        p.add_argument("--time-budget", type=float, default=2.0, help="seconds of timing per shape (bench)")
+        p.add_argument("--time-budget", type=float, help="seconds of timing per shape (bench; default 2)")
         p.add_argument("--timeout", type=float, help="wall-clock limit of the worker, seconds")
         p.add_argument(
             "--no-memory-check",
@@ -212,6 +250,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
             "--precision",
             choices=sorted(PRECISIONS),
             help="KernelBench's precision option: cast the inputs and both models (default: the problem's dtype)",
+        )
+        p.add_argument(
+            "--mode",
+            choices=get_args(Mode),
+            help="infer: the forward alone (default); train: forward and backward, the outputs and the gradients of "
+            "every input and parameter checked against the reference's, forward+backward timed as one step",
         )
         if phase.name == "profile":
             p.add_argument("--shape", help="the benchmark shape to profile (default: the problem's first)")

@@ -51,6 +51,8 @@ SHAPES = [
     _shape("odd", 3, 37, 10007),
     _shape("short_l", 1, 16, 2),  # L < K-1
     _shape("k2", 2, 32, 300, K=2),
+    _shape("k1", 2, 24, 257, K=1, silu=False),  # no tap reaches the padding; bias without the SiLU
+    _shape("batch1", 1, 33, 4099, K=3, bias=False),  # one row per channel, odd channels, the SiLU without a bias
     _shape("b8_d2048_l4096", 8, 2048, 4096, correctness=True, benchmark=True, backends=("cuda",)),
     _shape("b4_d4096_l8192", 4, 4096, 8192, correctness=True, benchmark=True, backends=("cuda",)),
     _shape("cpu_b2_d256_l4096", 2, 256, 4096, correctness=False, benchmark=True, backends=("cpu",)),

@@ -35,13 +35,18 @@ AttemptId = Annotated[int, Path(ge=1, le=MAX_ID, description="an attempt id")]
 RunId = Annotated[int, Path(ge=1, le=MAX_ID, description="a run id")]
 
 
+WEB_PAGE = "web page"
+"""the tag of the routes a browser opens (server.web.pages): a link's tracking parameters (`?utm_source=...`) are
+not a caller's mistake there, and a JSON 422 in a browser tab helps nobody"""
+
+
 async def refuse_what_the_route_does_not_take(request: Request) -> None:
     """A dependency of every route (the app's): a query parameter the route does not declare is a 422 naming it, as
     an unknown body field is (`/v1/leaderboard?problem=X` would answer every problem's board, `?wiat=false` a call
     that waits); on a route the token guards, only to a caller that carries the token (one without it gets the
-    401 first, and learns nothing of the route's parameters)."""
+    401 first, and learns nothing of the route's parameters). A web page ignores the ones it does not read."""
     route = request.scope.get("route")
-    if not isinstance(route, APIRoute):
+    if not isinstance(route, APIRoute) or WEB_PAGE in route.tags:
         return
     known = query_parameters(route)
     unknown = sorted(set(request.query_params) - known)

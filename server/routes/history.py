@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from sqlmodel import Session
 
 from kernelloop.contract import (
+    LEADERBOARD_MODE,
     MAX_ID,
     AttemptDetail,
     AttemptDiff,
@@ -15,6 +16,7 @@ from kernelloop.contract import (
     AttemptSummary,
     ErrorBody,
     LeaderboardEntry,
+    MeasurementPublic,
     Page,
     RunCreate,
     RunPublic,
@@ -24,10 +26,11 @@ from kernelloop.contract import (
 from kernelloop.server import reads
 from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
 from kernelloop.server.errors import ApiError, row_or_unknown
+from kernelloop.server.provenance import service_provenance
 from kernelloop.server.routes.deps import AttemptId, RunId, ServiceDep, SessionDep
 from kernelloop.storage import history
 from kernelloop.storage.models import Run
-from kernelloop.tools.results import Backend
+from kernelloop.tools.results import Backend, Mode
 
 router = APIRouter(prefix="/v1", tags=["history"], dependencies=[ReadGuard], responses=READ_GUARDED)
 
@@ -44,7 +47,9 @@ def _run(session: Session, run_id: int) -> Run:
 def create_run(body: RunCreate, service: ServiceDep, session: SessionDep, _client: MutationGuard) -> RunPublic:
     """Start a run: the attempts of one agent session, kept together."""
     problem = service.problem_row(session, body.problem, "body.problem")
-    return history.run_public(session, history.create_run(session, problem, body))
+    version, commit = service_provenance()
+    run = history.create_run(session, problem, body, version=version, source_commit=commit)
+    return history.run_public(session, run)
 
 
 @router.get("/runs", response_model=Page[RunPublic], responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
@@ -75,7 +80,7 @@ def update_run(run_id: RunId, body: RunUpdate, session: SessionDep, _client: Mut
 
 @router.get("/attempts", response_model=Page[AttemptSummary], responses={422: {"model": ErrorBody}})
 def list_attempts(session: SessionDep, f: Annotated[AttemptFilter, Query()]) -> Page[AttemptSummary]:
-    """Attempts, filtered (problem, run, status, backend, proposer, correct, minimum speedup), sorted, paged."""
+    """Attempts, filtered (problem, run, status, backend, mode, proposer, correct, minimum speedup), sorted, paged."""
     return history.list_attempts(session, f)
 
 
@@ -83,6 +88,17 @@ def list_attempts(session: SessionDep, f: Annotated[AttemptFilter, Query()]) -> 
 def get_attempt(attempt_id: AttemptId, session: SessionDep) -> AttemptDetail:
     """One attempt: its code and every evaluation with the full result and log."""
     return reads.attempt_detail(session, attempt_id, "path.attempt_id")
+
+
+@router.get(
+    "/attempts/{attempt_id}/measurements", response_model=list[MeasurementPublic], responses={404: {"model": ErrorBody}}
+)
+def attempt_measurements(attempt_id: AttemptId, session: SessionDep) -> list[MeasurementPublic]:
+    """Every benchmark of the attempt that timed, oldest first, each as it was taken (when, host, device, the host's
+    load, toolchain, per-shape median, spread and n): appended, never replaced. The attempt's speedup is the median
+    of the counted ones, with an interval (tools.speedup_estimate)."""
+    reads.attempt_row(session, attempt_id, "path.attempt_id")
+    return history.measurements(session, attempt_id)
 
 
 @router.get(
@@ -113,6 +129,11 @@ def diff_attempt(
 
 
 @router.get("/leaderboard", response_model=list[LeaderboardEntry], responses={422: {"model": ErrorBody}})
-def leaderboard(session: SessionDep, backend: Backend | None = None) -> list[LeaderboardEntry]:
-    """The best correct attempt of every problem, by speedup."""
-    return history.leaderboard(session, backend=backend)
+def leaderboard(
+    session: SessionDep,
+    backend: Backend | None = None,
+    mode: Annotated[Mode, Query(description=LEADERBOARD_MODE)] = "infer",
+) -> list[LeaderboardEntry]:
+    """The best correct attempt of every problem judged in the mode: the first made that no later one cleared beyond
+    the noise."""
+    return history.leaderboard(session, backend=backend, mode=mode)

@@ -7,11 +7,18 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from kernelloop.contract import ErrorBody, LeaderboardEntry, ProblemCreate, ProblemDetail, ProblemSummary
+from kernelloop.contract import (
+    LEADERBOARD_MODE,
+    ErrorBody,
+    LeaderboardEntry,
+    ProblemCreate,
+    ProblemDetail,
+    ProblemSummary,
+)
 from kernelloop.server import reads
 from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
 from kernelloop.server.routes.deps import ServiceDep, SessionDep
-from kernelloop.tools.results import Backend
+from kernelloop.tools.results import Backend, Mode
 
 router = APIRouter(prefix="/v1", tags=["problems"], dependencies=[ReadGuard], responses=READ_GUARDED)
 
@@ -59,6 +66,9 @@ def problem_leaderboard(
     session: SessionDep,
     backend: Backend | None = None,
     limit: Annotated[int, Query(ge=1, le=reads.MAX_LEADERBOARD)] = 10,
+    mode: Annotated[Mode, Query(description=LEADERBOARD_MODE)] = "infer",
 ) -> list[LeaderboardEntry]:
-    """The problem's correct attempts, fastest first (speedup over eager PyTorch)."""
-    return reads.problem_leaderboard(service, session, name, "path.name", backend, limit)
+    """The problem's correct attempts judged in the mode, best first: each place the first made that none after it
+    cleared beyond the noise (its speedup interval wholly above), as the search chooses its best
+    (tools.speedup_estimate)."""
+    return reads.problem_leaderboard(service, session, name, "path.name", backend, limit, mode)

@@ -11,10 +11,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from kernelloop.contract import TERMINAL_JOB_STATUSES, ErrorBody, JobPublic, SubmissionRequest
+from kernelloop.contract import TERMINAL_JOB_STATUSES, ErrorBody, JobPublic, RerunAnswer, SubmissionRequest
 from kernelloop.server import idempotency
 from kernelloop.server.auth import Credentials, MutationGuard
-from kernelloop.server.routes.deps import ServiceDep
+from kernelloop.server.rerun import rerun_answer, submit_rerun
+from kernelloop.server.routes.deps import AttemptId, ServiceDep
 from kernelloop.tools.phase_registry import TOOLS, JobPhase, ToolSpec
 
 router = APIRouter(prefix="/v1", tags=["tools"])
@@ -59,6 +60,14 @@ async def _submit(
         job, replayed = await run_in_threadpool(idempotency.submit_once, service, phase, body, client, *once)
         if replayed:
             response.headers[idempotency.REPLAYED_HEADER] = "true"
+    return await _waited(service, job, wait, timeout_s, response)
+
+
+async def _waited(
+    service: ServiceDep, job: JobPublic, wait: bool, timeout_s: float | None, response: Response
+) -> JobPublic:
+    """The job once it has ended (waiting up to the bound asked, capped by the service's) or, with wait=false or
+    past the bound, as it is: then the answer is a 202 with the job's address."""
     if wait:
         limit = min(timeout_s or service.settings.max_wait_s, service.settings.max_wait_s)
         job = await service.wait(job.id, limit, reused_attempt=job.reused_attempt)
@@ -96,3 +105,25 @@ for _tool in TOOLS.values():
         responses=RESPONSES,
         summary=_tool.name,
     )
+
+
+@router.post(
+    "/attempts/{attempt_id}/rerun",
+    response_model=RerunAnswer,
+    responses={**ERRORS, 404: {"model": ErrorBody}, 202: {"model": RerunAnswer, "description": "the job is under way"}},
+    summary="rerun",
+)
+async def rerun(
+    attempt_id: AttemptId,
+    service: ServiceDep,
+    client: MutationGuard,
+    response: Response,
+    wait: Wait = True,
+    timeout_s: Timeout = None,
+) -> RerunAnswer:
+    """Measure an attempt again under its recorded settings (its code, problem, backend and the options of the job
+    that last measured it): the benchmark is appended as a measurement, whose `deviation` says how far it lies from
+    the ones before it (in units of their spread); `before` and `after` are the attempt's speedup either side."""
+    job, queued = await run_in_threadpool(submit_rerun, service, attempt_id, client)
+    job = await _waited(service, job, wait, timeout_s, response)
+    return await run_in_threadpool(rerun_answer, service, job, queued)

@@ -9,6 +9,7 @@ scripts from this service only, and data reaches the plot as a JSON block, never
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,7 +22,7 @@ from sqlmodel import Session
 
 from kernelloop.contract import MAX_ID, ErrorBody, RunPublic, utcnow
 from kernelloop.server.errors import error_response
-from kernelloop.server.routes.deps import AttemptId, RunId, SessionDep
+from kernelloop.server.routes.deps import WEB_PAGE, AttemptId, RunId, SessionDep
 from kernelloop.server.web import access, views
 from kernelloop.server.web.highlight import stylesheet
 from kernelloop.storage import history
@@ -31,6 +32,7 @@ from kernelloop.tools.results import TolerancePolicy
 HERE = Path(__file__).resolve().parent
 ASSETS = "/assets"
 RUNS_PER_PAGE = 50
+MAX_COMPARED_RUNS = 8
 LIVE_POLL_S = 2.0
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
@@ -38,8 +40,8 @@ CSP = (
 )
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
-router = APIRouter(include_in_schema=False, dependencies=[Depends(access.require_reader)])
-login_router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, tags=[WEB_PAGE], dependencies=[Depends(access.require_reader)])
+login_router = APIRouter(include_in_schema=False, tags=[WEB_PAGE])
 
 
 def _speedup(value: float | None) -> str:
@@ -131,16 +133,67 @@ def run_live(run_id: RunId, session: SessionDep) -> Response:
 
 def _live(view: views.RunView) -> views.RunLive:
     macros: Any = templates.env.get_template("_macros.html").module
+    best = view.chart.best
     return views.RunLive(
         status=view.run.status.value,
         attempts=view.run.attempts,
-        best_speedup=view.run.best_speedup,
-        best_html=str(macros.best_speedup(view.run)),
+        best_speedup=best.speedup if best else None,
+        best_html=str(macros.best_speedup(best)),
+        download_html=str(macros.best_download(best, f"download attempt {best.attempt_id} as .py" if best else "")),
         duration=_duration(view.duration_s),
         chart=view.chart,
+        legend_html=str(macros.chart_legend(view.chart)),
         under_way=view.under_way,
-        rows_html=str(macros.attempt_rows(view.attempts)),
+        rows_html=str(macros.attempt_rows(view.attempts, view.chart)),
     )
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(
+    request: Request, session: SessionDep, runs: Annotated[list[str] | None, Query()] = None
+) -> HTMLResponse:
+    """Two or more runs overlaid: /compare?runs=3&runs=5 (the runs page's checkboxes send that)."""
+    chosen = _chosen_runs(session, runs or [])
+    if isinstance(chosen, str):
+        return _page(request, "error.html", {"title": "Cannot compare", "message": chosen}, status_code=400)
+    return _page(request, "compare.html", {"view": views.compare_view(session, chosen)})
+
+
+def _chosen_runs(session: Session, asked: list[str]) -> list[RunPublic] | str:
+    """The runs a comparison names, each once, oldest first; or what is wrong with the choice."""
+    ids: list[int] = []
+    for value in asked:
+        if not value.isdecimal() or not 1 <= int(value) <= MAX_ID:
+            return f"runs: {value!r} is not a run id (a number from 1): choose the runs on the runs page."
+        if int(value) not in ids:
+            ids.append(int(value))
+    if not 2 <= len(ids) <= MAX_COMPARED_RUNS:
+        return (
+            f"runs: {len(ids)} distinct run{'' if len(ids) == 1 else 's'} chosen; a comparison takes 2 to "
+            f"{MAX_COMPARED_RUNS}: tick them on the runs page and press Compare."
+        )
+    ids.sort()
+    found = [_run(session, run_id) for run_id in ids]
+    missing = [str(run_id) for run_id, run in zip(ids, found, strict=True) if run is None]
+    if missing:
+        return f"runs: there is no run {', '.join(missing)}: choose the runs on the runs page."
+    return [run for run in found if run is not None]
+
+
+@router.get("/attempts/{attempt_id}/source.py")
+def attempt_source(request: Request, attempt_id: AttemptId, session: SessionDep) -> Response:
+    """An attempt's submitted file, downloaded as PROBLEM-attempt-ID.py (the run page links its best)."""
+    summary = history.attempt_summary(session, attempt_id)
+    code = history.attempt_code(session, attempt_id)
+    if summary is None or code is None:
+        return _not_found(request, f"There is no attempt {attempt_id}.")
+    name = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', summary.problem)}-attempt-{attempt_id}.py"
+    headers = {
+        "Content-Disposition": f'attachment; filename="{name}"',
+        "X-Content-Type-Options": "nosniff",
+        "Cache-Control": "no-store",
+    }
+    return Response(code, media_type="text/x-python", headers=headers)
 
 
 @router.get("/attempts/{attempt_id}", response_class=HTMLResponse)

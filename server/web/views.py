@@ -7,16 +7,19 @@ diagnostics that point at them, a benchmark's shapes as table rows).
 
 from __future__ import annotations
 
-from typing import TypeVar
+import json
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from markupsafe import Markup
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session
 
 from kernelloop.contract import (
+    RUN_COMMIT,
+    RUN_VERSION,
     AttemptDetail,
     AttemptDiff,
-    AttemptFilter,
     AttemptSummary,
     LeaderboardEntry,
     ProblemSummary,
@@ -25,7 +28,9 @@ from kernelloop.contract import (
     StepProgress,
     utcnow,
 )
+from kernelloop.server.web import run_series
 from kernelloop.server.web.highlight import highlighted_lines
+from kernelloop.server.web.run_series import RunChart
 from kernelloop.storage import history, problems, queue
 from kernelloop.tools.results import (
     BenchmarkResult,
@@ -38,28 +43,12 @@ from kernelloop.tools.results import (
 )
 
 LEADERBOARD_DEPTH = 3
-RUN_ATTEMPTS_SHOWN = 500
 FAILED_CHECKS_SHOWN = 10
 
 
 class ProblemRow(BaseModel):
     problem: ProblemSummary
     leaders: list[LeaderboardEntry]
-
-
-class ChartStep(BaseModel):
-    """One attempt of a run, a point of its plot: x is its place in the run (1 = the first attempt)."""
-
-    x: int
-    attempt_id: int
-    status: str
-    speedup: float | None
-    shapes: dict[str, float | None]
-
-
-class RunChart(BaseModel):
-    shapes: list[str]
-    steps: list[ChartStep]
 
 
 class UnderWay(BaseModel):
@@ -77,12 +66,27 @@ class RunLive(BaseModel):
 
     status: str
     attempts: int
-    best_speedup: float | None
+    best_speedup: float | None = Field(
+        description="the best step's speedup (RunChart.best): correct, timed within the load limit"
+    )
     best_html: str = Field(description="the page's Best speedup, rendered: the figure linked to its attempt")
+    download_html: str = Field(description="the page's Best kernel, rendered: the link that downloads its .py file")
     duration: str = Field(description="the page's Duration, rendered (the run's time so far while it runs)")
     chart: RunChart
+    legend_html: str = Field(description="the plot's legend, rendered: each line's name and its values")
     under_way: list[UnderWay]
     rows_html: str
+
+
+class Setting(BaseModel):
+    name: str
+    value: str
+
+
+class RunSettings(BaseModel):
+    version: str | None = Field(description=RUN_VERSION)
+    commit: str | None = Field(description=RUN_COMMIT)
+    items: list[Setting]
 
 
 class RunView(BaseModel):
@@ -91,6 +95,27 @@ class RunView(BaseModel):
     chart: RunChart
     under_way: list[UnderWay]
     duration_s: float
+    settings: RunSettings
+
+
+class CompareRow(BaseModel):
+    run: RunPublic
+    line: run_series.ComparedRun
+    best: run_series.ChartStep | None
+    latest: run_series.ChartStep | None
+    steps: int
+
+
+class SettingRow(BaseModel):
+    name: str
+    values: list[str] = Field(description="one per compared run, in the runs' order")
+    differs: bool
+
+
+class CompareView(BaseModel):
+    runs: list[CompareRow]
+    chart: run_series.CompareChart
+    settings: list[SettingRow]
 
 
 class CodeLine(BaseModel):
@@ -127,44 +152,65 @@ def problem_rows(session: Session) -> list[ProblemRow]:
 
 
 def run_view(session: Session, run: RunPublic) -> RunView:
-    attempts = history.list_attempts(
-        session, AttemptFilter(run_id=run.id, sort="id", order="asc", limit=RUN_ATTEMPTS_SHOWN)
-    ).items
+    attempts = run_series.run_attempts(session, run.id)
     end = run.finished_at or (utcnow() if run.status == RunStatus.active else run.updated_at or run.created_at)
     return RunView(
         run=run,
         attempts=attempts,
-        chart=run_chart(session, attempts),
+        chart=run_series.run_chart(session, attempts),
         under_way=under_way(session, run.id),
         duration_s=max(0.0, (end - run.created_at).total_seconds()),
+        settings=run_settings(run),
     )
 
 
-def run_chart(session: Session, attempts: list[AttemptSummary]) -> RunChart:
-    """Speedup over the run's steps: the geometric mean and each benchmark shape's; an attempt with no
-    timing keeps its place with its status (the plot marks it as a failure of that kind)."""
-    benchmarks = history.latest_benchmarks(session, [a.id for a in attempts])
-    shapes = sorted({s.shape for b in benchmarks.values() for s in b.shapes})
-    steps = []
-    for x, attempt in enumerate(attempts, start=1):
-        timed = benchmarks.get(attempt.id)
-        per_shape = {s.shape: s.speedup for s in timed.shapes} if timed else {}
-        steps.append(
-            ChartStep(
-                x=x,
-                attempt_id=attempt.id,
-                status=_status(attempt),
-                speedup=attempt.speedup,
-                shapes={name: per_shape.get(name) for name in shapes},
+def compare_view(session: Session, runs: list[RunPublic]) -> CompareView:
+    """Runs side by side: one chart of their steps, and their settings as rows (the rows where they differ
+    marked)."""
+    charts = [run_series.run_chart(session, run_series.run_attempts(session, run.id)) for run in runs]
+    labels = [f"run {run.id}" + (f" · {run.name}" if run.name else "") for run in runs]
+    chart = run_series.compare_chart([(run.id, label, c) for run, label, c in zip(runs, labels, charts, strict=True)])
+    settings = [run_settings(run) for run in runs]
+    rows: dict[str, list[str]] = {}
+    for i, one in enumerate(settings):
+        for item in [
+            Setting(name="kernelloop version", value=one.version or "–"),
+            Setting(name="commit", value=one.commit or "–"),
+            *one.items,
+        ]:
+            rows.setdefault(item.name, ["–"] * len(runs))[i] = item.value
+    compared = [
+        CompareRow(run=run, line=line, best=c.best, latest=c.latest, steps=len(c.steps))
+        for run, line, c in zip(runs, chart.runs, charts, strict=True)
+    ]
+    return CompareView(
+        runs=compared,
+        chart=chart,
+        settings=[SettingRow(name=name, values=values, differs=len(set(values)) > 1) for name, values in rows.items()],
+    )
+
+
+def run_settings(run: RunPublic) -> RunSettings:
+    """The run's settings as its client stored them, each key once (nested keys joined by dots), and the
+    version and commit of the service that created it (server.provenance stamps every run it creates)."""
+    return RunSettings(
+        version=run.version,
+        commit=run.source_commit,
+        items=[Setting(name=name, value=value) for name, value in _flat(run.config)],
+    )
+
+
+def _flat(config: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    items: list[tuple[str, str]] = []
+    for key in sorted(config):
+        value = config[key]
+        if isinstance(value, Mapping) and value:
+            items.extend(_flat(value, f"{prefix}{key}."))
+        else:
+            items.append(
+                (f"{prefix}{key}", "–" if value is None else json.dumps(value) if not isinstance(value, str) else value)
             )
-        )
-    return RunChart(shapes=shapes, steps=steps)
-
-
-def _status(attempt: AttemptSummary) -> str:
-    if attempt.status.value == "passed" and attempt.speedup is None:
-        return "passed, not timed"
-    return str(attempt.status.value)
+    return items
 
 
 def under_way(session: Session, run_id: int) -> list[UnderWay]:

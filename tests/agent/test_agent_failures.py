@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ import pytest
 from conftest import KERNELLOOP_COMMAND, PROBLEM, QUIET_SERVICE_ENV, REPO, run_kernelloop
 from scripted_llm import ScriptedChatServer, ScriptedReply, ScriptedToolCall
 from server_fixtures import python_conv
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from kernelloop.agent.models import AgentRunConfig, LlmConfig, RunSummary
 from kernelloop.agent.progress import Progress
@@ -35,7 +37,7 @@ from kernelloop.contract import AttemptFilter
 from kernelloop.server.settings import ServiceSettings
 from kernelloop.storage import history
 from kernelloop.storage.database import open_database
-from kernelloop.storage.models import Run
+from kernelloop.storage.models import Job, Run
 
 pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
 
@@ -85,6 +87,13 @@ def _run_row(settings: ServiceSettings, run_id: int) -> tuple[Run, list[Any]]:
         assert run is not None
         session.expunge(run)
         return run, history.list_attempts(session, AttemptFilter(run_id=run_id, sort="id", order="asc")).items
+
+
+def _jobs_of(settings: ServiceSettings, attempt_id: int) -> list[int]:
+    """The ids of an attempt's jobs: one per tool call that evaluated it."""
+    engine = open_database(settings.resolved_database_url, create=False)
+    with Session(engine) as session:
+        return [job.id for job in session.exec(select(Job).where(Job.attempt_id == attempt_id)).all()]
 
 
 def _llm(url: str) -> LlmConfig:
@@ -146,6 +155,24 @@ def test_unreachable_model_ends_the_run_with_what_to_do(settings: ServiceSetting
     assert summary.status == "failed" and "unreachable" in summary.reason and "--base-url" in summary.reason
     run, attempts = _run_row(settings, summary.run_id)
     assert run.status == "failed" and "unreachable" in (run.notes or "") and attempts == []
+
+
+def test_a_run_keeps_the_version_and_commit_of_the_kernelloop_that_made_it(
+    settings: ServiceSettings, service: EmbeddedService
+) -> None:
+    """The run page shows them beside the settings: a figure can be traced to the code that searched for it."""
+    seed = random.randrange(1, 1 << 30)
+    config = AgentRunConfig(
+        problem=PROBLEM, backend="cpu", proposer="llm", iterations=1, seed=seed,
+        llm=_llm(f"http://127.0.0.1:{_free_port()}/v1"),
+    )  # fmt: skip
+    summary = _run(service.url, settings, config)
+    assert not isinstance(summary, RunRefused)
+    run, _ = _run_row(settings, summary.run_id)
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    assert run.version == metadata.version("kernelloop")  # stamped by the service that created it
+    assert run.source_commit is not None and run.source_commit.removesuffix("+dirty") == head.stdout.strip()
+    assert AgentRunConfig.model_validate(run.config) == config  # what resume reads back: the settings alone
 
 
 def test_model_that_never_calls_a_tool_ends_its_trajectory(settings: ServiceSettings, service: EmbeddedService) -> None:
@@ -284,15 +311,19 @@ def test_ctrl_c_marks_the_run_interrupted_and_resume_continues_it(settings: Serv
         .split(":")[0]
     )
     run, attempts = _run_row(settings, run_id)
-    assert run.status == "interrupted" and run.meta["agent"]["steps"] == 2
+    # step 2 had no verdict when Ctrl-C came: it is not counted, and its attempt waits for the resume to adopt it
+    assert run.status == "interrupted" and run.meta["agent"]["steps"] == 1, run.meta
+    assert "1 step without a verdict is not counted" in err, err[-3000:]
     assert [a.step for a in attempts] == [1, 2] and attempts[0].correct
 
     resumed = run_kernelloop("agent", "resume", str(run_id), "--json", cwd=REPO, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "adopting its job" in resumed.stderr, resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout)
     assert summary["status"] == "finished" and summary["steps"] == 4
-    assert [line["step"] for line in summary["attempts"] if line["trajectory"] >= 0] == [3, 4]
+    assert [line["step"] for line in summary["attempts"] if line["trajectory"] >= 0] == [2, 3, 4]
     run, attempts = _run_row(settings, run_id)
     assert run.status == "finished" and [a.step for a in attempts] == [1, 2, 3]
+    assert [len(_jobs_of(settings, a.id)) for a in attempts] == [1, 1, 2], "an attempt was evaluated twice"
     best = attempts[2]
     assert best.correct and best.speedup is not None and summary["best_attempt_id"] == best.id

@@ -1,7 +1,7 @@
 """An agent that survives its service: `kernelloop agent run --server URL` waits out a service killed (kill -9)
 and restarted under it, and the run completes with each step evaluated once; after the agent and the service
-both died mid-step, `kernelloop agent resume` adopts the step the restarted service ran (its attempt pending
-when the resume starts) instead of evaluating it a second time.
+both died mid-step, or after Ctrl-C mid-step, `kernelloop agent resume` adopts the step the service ran (its
+attempt pending or done when the resume starts) instead of evaluating it a second time.
 
 The kernels are plain PyTorch (no build), each step an evaluate (compile, test, benchmark) in one job.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from server_fixtures import TOKEN, ServiceProcess, python_conv
 
 pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
 
-STEPS = 4
+STEPS = 3  # step 2 is the one interrupted; step 3 shows the run going on after it
 
 
 def _transcript(path: Path) -> Path:
@@ -134,6 +135,28 @@ def test_resume_after_agent_and_service_died_adopts_the_step_the_service_ran(tmp
         )
         assert resumed.returncode == 0, resumed.stderr[-4000:]
         assert "Traceback" not in resumed.stderr and "ValidationError" not in resumed.stderr, resumed.stderr[-4000:]
+        summary = json.loads(resumed.stdout)
+        assert summary["status"] == "finished" and summary["steps"] == STEPS, summary
+        assert "adopting its job" in resumed.stderr, resumed.stderr[-4000:]
+        _each_step_evaluated_once(service, run_id)
+
+
+def test_resume_after_ctrl_c_adopts_the_interrupted_step(tmp_path: Path) -> None:
+    # Ctrl-C counted the step it interrupted, so resume never saw it unfinished: its attempt got a second job
+    with _agent_against("agent-resume-ctrl-c", tmp_path) as (service, agent):
+        seen, run_id = _until_step_2_runs(agent, service)
+        agent.send_signal(signal.SIGINT)  # the service goes on with step 2's job
+        out, err = agent.communicate(timeout=120)
+        err = "".join(seen) + err
+        assert agent.returncode == 130, err[-3000:]
+        summary = json.loads(out)
+        assert summary["status"] == "interrupted" and summary["steps"] == 1, summary
+        with service.client() as api:
+            assert api.get(f"/v1/runs/{run_id}").json()["meta"]["agent"]["steps"] == 1
+        resumed = run_kernelloop(
+            "agent", "resume", str(run_id), "--server", service.url, "--json", cwd=REPO, env=_env(tmp_path), timeout=600
+        )
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
         summary = json.loads(resumed.stdout)
         assert summary["status"] == "finished" and summary["steps"] == STEPS, summary
         assert "adopting its job" in resumed.stderr, resumed.stderr[-4000:]

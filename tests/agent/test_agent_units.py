@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from kernelloop.agent.templates import (
 from kernelloop.contract import JobPublic
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import BenchmarkResult, ShapeBenchmark, Status, TestResult
+from kernelloop.tools.speedup_estimate import SpeedupEstimate
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = ToolDefinition(
@@ -371,7 +373,8 @@ def _job(**fields: object) -> JobPublic:
 
 
 def test_the_loop_counts_what_the_service_counts() -> None:
-    """A passed but narrowed test is not correct; an attempt's speedup is its latest full timing, not its best."""
+    """A passed but narrowed test is not correct; an attempt's speedup is the one the service states over every
+    measurement of it (a re-time adds to it, never replaces it)."""
     narrowed = TestResult(status=Status.passed, problem="causal_conv1d", backend="cpu", message="2 checks passed")
     assert outcome_fields(_job(results=[narrowed], correct=None)) == ("passed", "2 checks passed", None, None)
     assert outcome_fields(_job(status="failed", note="harness")) == ("service_error", "harness", None, None)
@@ -379,15 +382,39 @@ def test_the_loop_counts_what_the_service_counts() -> None:
     assert cancelled == ("service_error", "cancelled by agent", None, None)
     assert outcome_fields(_job(status="cancelled", results=[narrowed], correct=None))[0] == "passed"  # kept verdict
     record = RunRecord()
-    for step, speedup in ((1, 2.0), (2, 1.5)):
-        record.add(
-            0,
-            Proposal(code="x"),
-            Outcome(
-                step=step, trajectory=0, tool="evaluate", attempt_id=7, status="passed", correct=True, speedup=speedup
-            ),
-        )
-    assert record.best() == (7, 1.5)
+    for step, speedup, stated in ((1, 2.0, 2.0), (2, 1.5, math.sqrt(3.0))):  # the service's median of 2.0 and 1.5
+        estimate = SpeedupEstimate(speedup=stated, low=1.4, high=2.1, n=step)
+        outcome = Outcome(
+            step=step, trajectory=0, tool="evaluate", attempt_id=7, status="passed", correct=True, speedup=speedup,
+            attempt_speedup=estimate,
+        )  # fmt: skip
+        record.add(0, Proposal(code="x"), outcome)
+    assert record.best() == (7, math.sqrt(3.0))
+
+
+def test_the_search_keeps_its_best_until_a_challenger_clears_it_beyond_the_noise() -> None:
+    """A challenger faster within the noise leaves the best as it is; once its measurements put its interval wholly
+    above the incumbent's (a re-time appended to it), it is the best."""
+    base = random.uniform(0.5, 2.0)
+
+    def estimate(speedup: float, half_width: float, n: int = 1) -> SpeedupEstimate:
+        return SpeedupEstimate(speedup=speedup, low=speedup * (1 - half_width), high=speedup * (1 + half_width), n=n)
+
+    record = RunRecord()
+    steps = [
+        (7, estimate(base, 0.05)),  # the incumbent
+        (8, estimate(base * 1.06, 0.05)),  # faster, but its interval overlaps: not better
+        (8, estimate(base * 1.25, 0.05, n=2)),  # re-timed: the measurements moved it clear
+    ]
+    best = []
+    for step, (attempt_id, stated) in enumerate(steps, start=1):
+        outcome = Outcome(
+            step=step, trajectory=0, tool="evaluate", attempt_id=attempt_id, status="passed", correct=True,
+            speedup=stated.speedup, attempt_speedup=stated,
+        )  # fmt: skip
+        record.add(0, Proposal(code=str(attempt_id)), outcome)
+        best.append(record.best()[0])
+    assert best == [7, 7, 8]
 
 
 def test_the_first_kernel_is_the_earliest_steps_even_when_it_finishes_last() -> None:

@@ -86,3 +86,39 @@ def test_the_null_suites_table_says_where_the_time_went() -> None:
     assert lines[1].split()[-1] == "8.0", lines  # compile 3 + test 4 + benchmark 1, the median problem
     spent = [line for line in lines if line.startswith("median seconds a problem: ")]
     assert spent == ["median seconds a problem: test 4.00, test.worker_start 4.00, compile 3.00, benchmark 1.00"]
+
+
+def test_the_null_suite_in_training_mode_lists_problems_without_a_backward_apart_with_the_judges_reason() -> None:
+    null_suite = load_script("null_suite")
+    suite = _suite(["1_Relu", "2_Argmax", "3_Gemm"]).model_dump()
+    refusal = (
+        "mode train: shape default: no output of the reference carries a gradient (torch.int64 (4, 64)), so there "
+        "is no backward to judge (the problem's side, not the kernel's); judge this problem with mode infer"
+    )
+    suite["entries"][1].update(status="sandbox_error", correct=False, speedup=None, message=refusal)
+    suite["entries"][0].update(status="passed", correct=True, speedup=0.85)
+    suite["entries"][2].update(status="passed", correct=True, speedup=1.02, message="")
+
+    lines = null_suite.table(suite, 30.0, [], null_suite.CPU_SPEEDUP_BAND).splitlines()
+
+    assert lines[1].split()[1:4] == ["2", "2", "2"], lines  # two entries counted, both in the CPU band (0.85, 1.02)
+    skipped = lines[lines.index("skipped, no backward (training mode):") + 1 :]
+    assert skipped == [f"  level3/2_Argmax: {suite['entries'][1]['message'][:200]}"], lines
+    assert not any("2_Argmax" in line for line in lines[: lines.index(skipped[0]) - 1]), lines
+
+
+def test_cpu_size_caps_a_kernelbench_files_module_level_sizes_and_leaves_the_rest() -> None:
+    null_suite = load_script("null_suite")
+    source = (
+        "batch_size = 4096\nN = 2048 * 2  # square\nfeatures = 300\nkernel_size = 3\ninput_shape = (32768,)\n"
+        "    dim = 99999\n"
+    )
+
+    assert null_suite.cpu_sized(source).splitlines() == [
+        f"batch_size = {null_suite.CPU_BATCH_CAP}",
+        f"N = {4096 // null_suite.CPU_SHRINK}",
+        f"features = {null_suite.CPU_SIZE_FLOOR}",  # divided, but not below the floor
+        "kernel_size = 3",
+        "input_shape = (32768,)",
+        "    dim = 99999",
+    ]

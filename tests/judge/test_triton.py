@@ -35,6 +35,7 @@ print(f"TRITON kept {_kept}", file=sys.stderr, flush=True)
 
 
 @pytest.mark.parametrize("data_folder", ["the session's", "under /tmp"])
+@pytest.mark.scenario  # a whole-sandbox scenario: `make test` runs it, `make test-fast` does not
 def test_tritons_cache_keeps_a_kernel_inside_the_sandbox_of_a_fenced_problem(kl, data_folder):
     """Wherever the data folder lies: the sandbox mounts a fresh /tmp and binds the job's folder into it."""
     assert load_problem(PROBLEM).forbidden_libraries, "the problem must fence a library for this test to mean much"

@@ -37,6 +37,8 @@ from kernelloop.tools.settings import SandboxSettings
 pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"
+HOSTILE_PRELUDE = (HOSTILE / "prelude.py").read_text() + (HOSTILE.parents[1] / "judge_in_proc.py").read_text()
+"""prepended to every attack: how it reports, a harmless ModelNew, and `the_judge()`"""
 SECRET = "kl-canary-" + secrets.token_hex(8)
 VENV_SITE = Path(sys.prefix)
 DOTENV = f"KERNELLOOP_HOSTILE_CANARY={SECRET}\n"  # a .env's secret, under a name no settings class reads
@@ -195,7 +197,7 @@ class Attack:
 
 def _attack(host: Host, name: str, code: str | None = None, *, workdir: Path | None = None) -> Attack:
     if code is None:
-        code = (HOSTILE / "prelude.py").read_text() + (HOSTILE / f"{name}.py").read_text()
+        code = HOSTILE_PRELUDE + (HOSTILE / f"{name}.py").read_text()
     for placeholder, value in host.placeholders().items():
         code = code.replace(placeholder, value)
     code += f"\n# run {secrets.token_hex(8)}\n"  # code compiled before gets its earlier verdict, without running
@@ -241,11 +243,12 @@ def _assert_host_untouched(host: Host, attack: Attack) -> None:
 # attack: (what it must reach, as regular expressions; per attempt, the errno or `Refused: ...` it must start with)
 CONTAINED = {
     "capabilities": (
-        [r"uid \d+, effective capabilities 0+"],
+        [r"uid \d+, capabilities CapEff 0+, CapPrm 0+, CapInh 0+, CapAmb 0+$"],
         {
             "remount_root_rw": "EPERM",
             "umount_proc": "EPERM",
             "mount_proc": "EPERM",
+            "new_pid_namespace": "EPERM",
             "new_user_namespace": "Refused: unshare exited 1",
             "ptrace_attach_init": "EPERM",
             "write_root": "EROFS",
@@ -288,10 +291,11 @@ CONTAINED = {
             "internet": "ENETUNREACH",
         },
     ),
-    # the judge: the runner's seccomp filter; the service: out of its pid namespace; -1: the filter again
+    # the judge and the service: out of the runner's pid namespace; -1: every process of that namespace but the runner,
+    # which has none
     "kill_parent": (
         [r"found the judge, pid \d+"],
-        {"kill_judge": "EPERM", "kill_service_pid": "ESRCH", "kill_everything": "EPERM"},
+        {"kill_judge": "ESRCH", "kill_service_pid": "ESRCH", "kill_everything": "ESRCH"},
     ),
 }
 
@@ -402,7 +406,7 @@ def test_daemons_and_process_groups_do_not_outlive_the_job(host: Host) -> None:
         "a child in a group of its own running",
         "a plain child running",
     )
-    _assert_blocked(attack, {"join_the_judges_group": "EPERM"})  # the runner's seccomp filter
+    _assert_blocked(attack, {"join_the_judges_group": "Refused: in no group of the judge's"})  # its own pid namespace
     assert attack.result.status == Status.passed, attack.result.message
     # the job's end takes them all (the sandbox's pid namespace ends with it): awaited, not slept on
     deadline = time.monotonic() + 30
@@ -413,7 +417,7 @@ def test_daemons_and_process_groups_do_not_outlive_the_job(host: Host) -> None:
 
 
 def test_disk_bomb_ends_as_sandbox_error_and_leaves_nothing(host: Host) -> None:
-    code = (HOSTILE / "prelude.py").read_text() + (
+    code = HOSTILE_PRELUDE + (
         "reached('filling its folder')\n"
         "for i in range(200):\n"
         "    with open(f'fill-{i}', 'wb') as handle:\n"

@@ -9,7 +9,6 @@ import os
 import resource
 import subprocess
 import sys
-import time
 
 from conftest import CPU_EXAMPLE, PROBLEM
 
@@ -24,6 +23,7 @@ for index in range(512):  # 4 GiB in all, 8 MiB at a time
     with open(f"fill-{index}", "wb") as out:
         out.write(chunk)
     time.sleep(0.02)
+print("ATTACK wrote all 4 GiB", file=sys.stderr, flush=True)
 """
 
 
@@ -32,18 +32,17 @@ def _with_prelude(prelude: str) -> str:
 
 
 def test_a_job_that_fills_its_folder_is_stopped_while_it_writes(kl):
-    """64 MiB allowed; the candidate writes 4 GiB at about 400 MB/s. Measured once a second, the job must end
-    within a few seconds, long before it would have finished on its own (10 s and more)."""
+    """64 MiB allowed; the candidate writes 4 GiB, 8 MiB at a time. Measured once a second, the job must be stopped
+    while it writes, long before it has written it all (however loaded the host: a slower writer is also measured
+    at a slower pace, so what counts is how far it got, not how long it took)."""
     settings = kl.settings.model_copy(update={"max_job_disk_bytes": 64 << 20})
-    started = time.monotonic()
     result = api.compile_kernel(PROBLEM, _with_prelude(FILL_THE_FOLDER), "cpu", settings=settings)
-    elapsed = time.monotonic() - started
 
     assert result.sandbox is not None
     assert "ATTACK filling" in result.log, result.log[-2000:]
     assert result.sandbox.killed_for is not None and "written to its folder" in result.sandbox.killed_for
     assert result.status in (Status.runtime_error, Status.sandbox_error), (result.status, result.message)
-    assert elapsed < 8, f"the job wrote for {elapsed:.1f} s"
+    assert "ATTACK wrote all 4 GiB" not in result.log, "the job wrote all it meant to before it was stopped"
 
 
 def _lower_hard_address_space(limit: int) -> None:

@@ -18,6 +18,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from conftest import CPU_EXAMPLE, ONE_CHECK, PROBLEM
 
 from kernelloop.tools import api
@@ -100,6 +101,7 @@ HANGS_AT_LOAD = {
 }
 
 
+@pytest.mark.scenario  # a whole-sandbox scenario: `make test` runs it, `make test-fast` does not
 def test_hangs_end_by_their_deadlines_not_the_phase_limit_and_none_holds_up_another(kl):
     """The default phase limit is 900 s. A first call has 25 s; loading has no fixed deadline (a build may take
     minutes), but Python code that runs 25 s with no build process under it has hung. The three hangs run at
@@ -219,6 +221,7 @@ class ModelNew(nn.Module):
     assert seen["database"] == "FileNotFoundError"  # readable here, above: the data folder is not in its view
 
 
+@pytest.mark.scenario  # a whole-sandbox scenario: `make test` runs it, `make test-fast` does not
 def test_a_compiler_installed_outside_the_system_folders_builds_in_the_sandbox(kl, monkeypatch, tmp_path):
     """CXX naming a GCC installed in a folder of its own (the GPU machine's is /opt/gcc): the sandbox shows that
     installation, its programs and libraries beside `bin`, and a C++ build passes (it ended in exit 127 before)."""

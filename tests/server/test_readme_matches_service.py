@@ -66,3 +66,11 @@ def test_make_run_installs_what_the_agent_uses_and_make_test_adds_the_test_extra
     assert "pip install -q -e '.[test]'" in test, test
     two_commands = README[README.index("## The two commands") : README.index("## The tools")]
     assert "test extras" in two_commands and "about 2 minutes on a 2-core CPU" not in two_commands
+
+
+def test_the_agent_section_says_what_each_stop_leaves_and_what_resume_does() -> None:
+    agent = README.split("## The agent", 1)[1].split("\n## ", 1)[0]
+    stopping = agent.split("**Stopping and resuming**", 1)[-1].split("\n- **", 1)[0]
+    for way in ("*Ctrl-C*", "*kill -9 of the agent*", "*a lost service*", "*resume*"):
+        assert way in stopping, f"the README's agent section does not say what {way} leaves or does"
+    assert "adopted" in stopping and "evaluated twice" in stopping, stopping

@@ -3,39 +3,30 @@ with a token, seeded with a real CPU run of the search and one attempt that does
 
 Each page is loaded as a person would reach it (the login form first), and checked for what they would see:
 the plot has one point per step, the tables their rows, the diagnostic sits under its line, no console error.
-The run page's screenshot lands in the test's folder, or in docs/ with KERNELLOOP_UPDATE_SCREENSHOTS=1 (the
-README shows it). Without Chromium the tests skip, unless KERNELLOOP_REQUIRE_BROWSER=1 (CI sets it).
+The run page's screenshot lands in the test's folder, or in docs/screenshots/ with KERNELLOOP_UPDATE_SCREENSHOTS=1.
+Without Chromium the tests skip, unless KERNELLOOP_REQUIRE_BROWSER=1 (CI sets it).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import browser_fixtures
 import httpx
 import pytest
+from browser_fixtures import Visit, screenshot_folder, until
 from conftest import CPU_EXAMPLE, PROBLEM, REPO, line_of, run_kernelloop
 from server_fixtures import COUNTED_EVAL, TOKEN, ServiceProcess, python_conv, submission
 
 pytestmark = pytest.mark.scenario  # a whole-system scenario: `make test` runs it, `make test-fast` does not
+browser, visit = browser_fixtures.browser, browser_fixtures.visit  # the fixtures: Chromium, a logged-in page
 
-CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 SEARCH_STEPS = 1  # the baseline; the compile error added to the run is its child
 BROKEN = CPU_EXAMPLE.replace("def forward(self, x):", "def forward(self, x)  # DELIBERATE-ERROR")
-
-REQUIRED = os.environ.get("KERNELLOOP_REQUIRE_BROWSER") == "1"
-if CHROMIUM is None and not REQUIRED:
-    pytest.skip("no chromium here: the browser tests need it (apt-get install chromium)", allow_module_level=True)
-if REQUIRED:
-    from playwright import sync_api as playwright_api  # CI: a missing driver is a failure, not a skip
-else:
-    playwright_api = pytest.importorskip(
-        "playwright.sync_api", reason="the browser tests drive Chromium with Playwright"
-    )
 
 
 @pytest.fixture(scope="module")
@@ -61,57 +52,6 @@ def seeded() -> Iterator[tuple[ServiceProcess, dict]]:
         service.stop()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with playwright_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
-
-
-def until(page, expression: str, timeout_s: float = 10.0) -> object:
-    """Poll a JavaScript expression from outside the page until it is truthy (the pages' Content-Security-Policy
-    refuses the string evaluation that Playwright's wait_for_function polls with, as it should)."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := page.evaluate(f"() => {expression}")):
-        assert time.monotonic() < deadline, f"never true: {expression}"
-        time.sleep(0.1)
-    return value
-
-
-class Visit:
-    """A logged-in page that records every console error and uncaught exception."""
-
-    def __init__(self, browser, service: ServiceProcess, width: int = 1200, javascript: bool = True):
-        self.context = browser.new_context(viewport={"width": width, "height": 900}, java_script_enabled=javascript)
-        self.page = self.context.new_page()
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("response", lambda r: self.errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
-        self.base = service.url
-
-    def log_in(self, path: str) -> None:
-        self.page.goto(self.base + path)
-        assert self.page.url.startswith(self.base + "/login"), self.page.url  # no token yet: the form
-        self.page.fill("#token", TOKEN)
-        self.page.click("form.login button")
-        self.page.wait_for_load_state("load")
-        assert self.page.url == self.base + path, self.page.url
-
-    def close(self) -> None:
-        self.context.close()
-
-
-@pytest.fixture
-def visit(browser, seeded) -> Iterator[Visit]:
-    service, _ = seeded
-    opened = Visit(browser, service)
-    yield opened
-    opened.close()
-    assert not opened.errors, opened.errors
-
-
 def test_the_run_page_plots_one_point_per_step_and_lists_every_attempt(visit: Visit, seeded, tmp_path: Path) -> None:
     _, run = seeded
     steps = SEARCH_STEPS + 1  # the search's attempts and the compile error
@@ -135,9 +75,9 @@ def test_the_run_page_plots_one_point_per_step_and_lists_every_attempt(visit: Vi
     labels = page.evaluate("() => window.kernelloopChart.plot.series.map(s => s.label)")
     assert "geomean speedup" in labels and "compile_error" in labels, labels
     assert page.locator("#run-status").inner_text() == "finished"
-    shot = (REPO / "docs") if os.environ.get("KERNELLOOP_UPDATE_SCREENSHOTS") == "1" else tmp_path
-    page.screenshot(path=str(shot / "run-page.png"), full_page=True)
-    assert (shot / "run-page.png").stat().st_size > 10_000
+    shot = screenshot_folder(tmp_path) / "search-run-page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
 
 
 def test_the_problem_and_runs_pages_lead_to_the_best_attempt(visit: Visit, seeded) -> None:
@@ -148,7 +88,8 @@ def test_the_problem_and_runs_pages_lead_to_the_best_attempt(visit: Visit, seede
     visit.page.goto(visit.base + "/runs")
     row = visit.page.locator(f"#runs tbody tr:has(a[href='/runs/{run['id']}'])")
     cells = row.locator("td").all_inner_texts()
-    assert cells[1] == PROBLEM and cells[2] == "finished" and cells[3] == "search" and cells[5] == str(run["attempts"])
+    assert cells[1:5] == [PROBLEM, "infer", "finished", "search"], cells
+    assert cells[5] == f"{run['best_speedup']:.2f}x" and cells[6] == str(run["attempts"])
     row.locator(f"a[href='/attempts/{run['best_attempt_id']}']").click()
     visit.page.wait_for_load_state("load")
     assert visit.page.url.endswith(f"/attempts/{run['best_attempt_id']}")
@@ -190,6 +131,30 @@ def test_a_running_run_shows_new_attempts_and_its_end_without_a_reload(visit: Vi
         assert visit.page.evaluate("() => window.kernelloopChart.steps.length") == 1
         api.patch(f"/v1/runs/{run['id']}", json={"status": "finished"})
         until(visit.page, "document.querySelector('#run-status').innerText === 'finished'")
+
+
+def test_the_live_page_polls_on_after_a_proxys_502(visit: Visit, seeded) -> None:
+    # one non-OK answer (a proxy's 502 while the service restarted) stopped the polling for good
+    service, _ = seeded
+    failed: list[str] = []
+
+    def flaky(route) -> None:  # the first two polls meet a proxy with no service behind it
+        if len(failed) < 2:
+            failed.append(route.request.url)
+            route.fulfill(status=502, body="Bad Gateway", content_type="text/plain")
+        else:
+            route.continue_()
+
+    with service.client() as api:
+        run = api.post("/v1/runs", json={"problem": PROBLEM, "proposer": "human", "name": "flaky"}).json()
+        visit.page.route("**/runs/*/live", flaky)
+        visit.log_in(f"/runs/{run['id']}")
+        until(visit.page, "window.kernelloopChart !== undefined")
+        job = api.post("/v1/compile", json=submission(BROKEN, run_id=run["id"])).json()
+        assert job["outcome"] == "compile_error", job
+        until(visit.page, "document.querySelectorAll('#attempt-rows tr').length === 1", timeout_s=60)
+        assert len(failed) == 2, failed
+    visit.errors[:] = [error for error in visit.errors if "502" not in error]  # the console's note of the 502s
 
 
 def test_pages_read_without_javascript_by_keyboard_and_on_a_narrow_screen(browser, seeded) -> None:

@@ -3,6 +3,7 @@ SQLite files (no service, no mocks)."""
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -255,7 +256,7 @@ def test_only_a_test_of_every_shape_with_the_default_seeds_marks_an_attempt_corr
     assert last is not None and last.note == "partial coverage: 0 of 6 correctness shapes, 0 of 3 seeds"
 
 
-def test_the_speedup_is_the_latest_timing_of_every_benchmark_shape(engine) -> None:
+def test_a_retime_is_appended_and_the_speedup_is_the_median_of_the_full_timings(engine) -> None:
     with Session(engine) as session:
         problem_id = _problem(session).id
         run = history.create_run(session, _problem(session), RunCreate(problem="causal_conv1d"))
@@ -275,13 +276,17 @@ def test_the_speedup_is_the_latest_timing_of_every_benchmark_shape(engine) -> No
         _record(session, only_narrowed.id, passed_test(backend="cuda"), narrowed)
         board = history.leaderboard(session, problem_id=problem_id)
         best = history.run_public(session, run)
-    assert retimed is not None and retimed.speedup == 1.5  # the re-timing replaces the luckier 2.0
-    assert detail is not None and detail.speedup == 1.5 and detail.evaluations[-1].speedup == 9.0
+    both = math.sqrt(2.0 * 1.5)  # the median of two: the geometric mean of the middle two
+    assert retimed is not None and retimed.speedup == pytest.approx(both) and retimed.measurements == 2
+    assert detail is not None and detail.speedup == pytest.approx(both) and detail.evaluations[-1].speedup == 9.0
+    taken = history.measurements(session, attempt.id)
+    assert [(m.speedup, m.counted) for m in taken] == [(2.0, True), (1.5, True), (9.0, False)]
+    assert taken[-1].not_counted.startswith("partial coverage: 1 of 5 benchmark shapes")
     assert detail.evaluations[-1].coverage.note == (  # type: ignore[union-attr]
         "partial coverage: 1 of 5 benchmark shapes; a narrowed benchmark does not set the attempt's speedup"
     )
-    assert [e.attempt_id for e in board] == [attempt.id] and board[0].speedup == 1.5
-    assert (best.best_attempt_id, best.best_speedup) == (attempt.id, 1.5)
+    assert [e.attempt_id for e in board] == [attempt.id] and board[0].speedup == pytest.approx(both)
+    assert best.best_attempt_id == attempt.id and best.best_speedup == pytest.approx(both)
 
 
 def test_reopening_a_run_clears_its_finish(engine) -> None:
@@ -293,7 +298,7 @@ def test_reopening_a_run_clears_its_finish(engine) -> None:
         assert history.update_run(session, run, RunUpdate(status=RunStatus.interrupted)).finished_at is not None
 
 
-def test_the_upgrade_to_v2_recounts_attempts_by_coverage(tmp_path: Path) -> None:
+def test_the_upgrade_from_v1_recounts_attempts_by_coverage_over_their_measurements(tmp_path: Path) -> None:
     engine = open_database(database_url(str(tmp_path / "v1.sqlite3")))
     with Session(engine) as session:
         problems.sync_shipped(session)
@@ -308,7 +313,7 @@ def test_the_upgrade_to_v2_recounts_attempts_by_coverage(tmp_path: Path) -> None
     assert ensure_schema(engine) == 1
     with Session(engine) as session:
         recounted = [(a.correct, a.speedup) for a in (session.get(Attempt, i) for i in ids)]  # type: ignore[union-attr]
-        assert recounted == [(None, None), (True, 1.2)]
+        assert recounted == [(None, None), (True, pytest.approx(math.sqrt(2.0 * 1.2)))]
         assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION
 
 

@@ -1,5 +1,9 @@
 """The benchmark phase: the candidate timed against the judge's own reference, shape by shape.
 
+In training mode a timed step is the forward and the backward from a fresh upstream gradient (drawn each round,
+written where the runner reads it once its forward has answered), on both sides; every timed gradient is checked
+against the reference's, and each side's backward alone is reported beside the step.
+
 The judge times what it trusts (the reference, torch.compile of it) itself; the candidate is timed by its
 runner, and that time is believed only within the judge's own wall clock around each call (the envelope, less
 its fixed cost, calibrated on the reference in the runner before any candidate code was imported). Every timed
@@ -19,9 +23,10 @@ import torch
 
 from kernelloop.tools.datasheet import DevicePeaks
 from kernelloop.tools.jobs import WorkerJob
-from kernelloop.tools.judge import checking, devices, timing
+from kernelloop.tools.judge import checking, devices, solo, timing
 from kernelloop.tools.judge.compiling import load, start
 from kernelloop.tools.judge.device_state import free_device_memory, set_precision_policy, synchronize
+from kernelloop.tools.judge.gradients import GradientPlan, draw_upstream, gradient_plan
 from kernelloop.tools.judge.inputs import CHEAP_DRAW_S, Redraws, copy_into
 from kernelloop.tools.judge.reference import reference_on, reference_outputs, seeded_reference
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
@@ -36,18 +41,18 @@ from kernelloop.tools.judge.session import (
     selected,
     stopwatch,
 )
-from kernelloop.tools.judge.shared_buffers import mutated, poison, prepare, share
+from kernelloop.tools.judge.shared_buffers import Shared, mutated, poison, prepare, share, upload_upstream
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import BenchmarkResult, CompileResult, ShapeBenchmark, Status, Timing, TolerancePolicy
 from kernelloop.tools.runner import candidate
-from kernelloop.tools.runner.messages import Call, Called
+from kernelloop.tools.runner.messages import Backward, Call, Called
 
 CALIBRATION_CALLS = 12
 # How much shorter than the judge's envelope (less its calibrated overhead) a runner's reported median may be
 # before the timing is `suspicious`. Honest kernels on the H200 left -0.11 to 0.30 ms a call unaccounted for when
 # the overhead was calibrated on calls back to back; later, on a quiet H200, 0.1 to 0.6 ms (five kernels, five
 # shapes), and 0.6 to 0.7 ms under the GPU check's load, over the margin. Calibrated in rounds like the
-# candidate's (`_calibrate`), the same check's load left -0.01 to 0.58 ms (four paths, thirteen shapes). So the
+# candidate's (`_before_import`), the same check's load left -0.01 to 0.58 ms (four paths, thirteen shapes). So the
 # GPU margin is coarse: it catches lies of more than 0.6 ms or 5% a call, not subtler ones. On the 2-core CPU
 # host the fixed cost itself (mostly the copy of the output into the judge's slot) was calibrated at 1.0 to 3.8 ms
 # in runs of the same honest 13-24 ms kernel, leaving -0.7 to 1.9 ms unaccounted (up to 14%). That kernel now takes
@@ -82,9 +87,10 @@ def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> Benchma
     result.call_overhead_ms = session.launch_overhead_ms if session.device.type == "cuda" else None
     step = job.step
     shapes = selected(step.problem.benchmark_shapes(step.backend), step.options.shapes)
+    clock = timing.Clock(session.device)
     try:
         with stopwatch(result, "calibrate"):  # before the candidate's import
-            overheads = {shape.name: _calibrate(session, shape) for shape in shapes}
+            before = {shape.name: _before_import(session, clock, shape) for shape in shapes}
     except (Fail, RunnerFailed) as exc:
         result.status, result.message = Status.sandbox_error, f"calibrating the envelope failed: {exc}"
         return result
@@ -94,12 +100,12 @@ def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> Benchma
     if compiled.status != Status.passed:
         return result
     result.freezer = link.freezer.kind
+    result.runner_pid_namespace = link.runner_pid_namespace
     report(result)
     peaks = devices.gpu_peaks(compiled.device) if session.device.type == "cuda" else None
-    clock = timing.Clock(session.device)
     result.reference_call_overhead_ms = clock.bracket_floor_ms if session.device.type == "cuda" else None
     for shape in shapes:
-        timed = functools.partial(_benchmark_one, session, clock, shape, overheads[shape.name], peaks, result)
+        timed = functools.partial(_benchmark_one, session, clock, shape, before[shape.name], peaks, result)
         entry = _failure_as_entry(session, shape, timed)
         result.shapes.append(entry)
         report(result)
@@ -112,6 +118,9 @@ def benchmark_phase(job: WorkerJob, link: RunnerLink, report: Report) -> Benchma
     result.message = (
         f"geometric mean speedup {result.geomean_speedup:.3f}x over {len(speedups)} shapes" if speedups else ""
     )
+    loaded = solo.too_loaded(max((s.host_slowdown or 0.0 for s in result.shapes), default=None))
+    if loaded:
+        result.message += f"; not ranked: {loaded}, so the speedup says more about the load than the kernel"
     return result
 
 
@@ -131,6 +140,12 @@ def _blank_benchmark(job: WorkerJob, compiled: CompileResult) -> BenchmarkResult
             if job.step.backend == "cuda"
             else "perf_counter per call, interleaved, median; the candidate in its own process, every output "
             "checked, its time checked against the judge's envelope"
+        )
+        + (
+            "; training mode: a step is the forward then the backward from a fresh upstream gradient, each timed so "
+            "on both sides and summed, every gradient checked too"
+            if job.step.options.mode == "train"
+            else ""
         ),
     )
 
@@ -176,6 +191,13 @@ class _ShapeSetup:
     redraws: Redraws
     input_sets: list[list[Any]]
     outputs: list[torch.Tensor]
+    gradients: GradientPlan | None
+    """training mode: the gradients each timed step gives and is checked on"""
+
+    def shared(self, session: Session) -> Shared:
+        """Its buffers shared with the runner, a slot (and in training mode its gradient buffers) per input set."""
+        n_slots = len(self.input_sets)
+        return share(session.device, self.reference, self.input_sets, self.outputs, n_slots, gradients=self.gradients)
 
 
 def _shape_setup(session: Session, shape: ShapeSpec) -> _ShapeSetup:
@@ -185,53 +207,73 @@ def _shape_setup(session: Session, shape: ShapeSpec) -> _ShapeSetup:
         if drawn.pooled:  # the two sets must not share storage: each has its own shared buffers
             input_sets[1] = candidate.clone_inputs(input_sets[1])
     outputs = reference_outputs(reference, input_sets[0], shape)
-    return _ShapeSetup(reference, model_seed, drawn, input_sets, outputs)
+    plan = None
+    if session.step.options.mode == "train":
+        with reference_on(shape):
+            plan = gradient_plan(reference, input_sets[0], shape.name)
+    return _ShapeSetup(reference, model_seed, drawn, input_sets, outputs, plan)
 
 
-def _calibrate(session: Session, shape: ShapeSpec) -> float:
-    """The envelope's fixed cost for this shape: the judge's wall time around a timed call, less the time the
-    runner reports, measured on the reference in the runner before any candidate code was imported.
+@dataclass(frozen=True)
+class _BeforeImport:
+    """What the judge measures of a shape before the candidate's code is imported."""
 
-    On the GPU, in rounds exactly like the candidate's (a fresh draw, the judge's own reference timed with the
-    runner stopped, the runner's call, its outputs checked): calibrated on calls made back to back, honest kernels
-    on the H200 left 0.1 to 0.5 ms a call unaccounted for on a quiet machine and up to 0.7 ms under the GPU
-    check's load, the rounds' own work between calls costing the next call's envelope. On the CPU, on calls back
-    to back (in rounds a runner whose clock ran at two thirds of its speed passed under a loaded CI host), and the
-    least of them: the cost's floor, which nothing the candidate runs can lower (none of its code is imported yet).
-    Their median swung from 1.1 to 6.5 ms with two busy processes on two cores, and a runner's clock at two thirds
-    of its speed passed in 3 of 4 benchmarks there; with the floor it was caught in every one, and the honest
-    control passed."""
-    if session.device.type == "cuda":
-        return _calibrate_in_rounds(session, shape)
-    return _calibrate_back_to_back(session, shape)
+    overhead_ms: float
+    """the envelope's fixed cost (`_before_import`)"""
+    baseline: solo.SoloBaseline
+    """the reference's solo baseline (`kernelloop.tools.judge.solo`)"""
 
 
-def _calibrate_in_rounds(session: Session, shape: ShapeSpec) -> float:
-    rounds = _ShapeTiming(session, timing.Clock(session.device), shape, 0.0, runner_model="reference")
+def _before_import(session: Session, clock: timing.Clock, shape: ShapeSpec) -> _BeforeImport:
+    """The reference's solo baseline and the envelope's fixed cost for this shape, both measured before any
+    candidate code was imported, in rounds exactly like the candidate's (a fresh draw, the judge's own reference
+    timed with the runner frozen, the runner's call of the judge's reference, its outputs checked).
+
+    The fixed cost is the judge's wall time around a timed call, less the time the runner reports. On the GPU it
+    is taken from these rounds: calibrated on calls made back to back, honest kernels on the H200 left 0.1 to 0.5
+    ms a call unaccounted for on a quiet machine and up to 0.7 ms under the GPU check's load, the rounds' own work
+    between calls costing the next call's envelope. On the CPU it is taken from calls back to back (in rounds a
+    runner whose clock ran at two thirds of its speed passed under a loaded CI host), and the least of them: the
+    cost's floor, which nothing the candidate runs can lower (none of its code is imported yet). Their median
+    swung from 1.1 to 6.5 ms with two busy processes on two cores, and a runner's clock at two thirds of its speed
+    passed in 3 of 4 benchmarks there; with the floor it was caught in every one, and the honest control passed."""
+    rounds = _ShapeTiming(session, clock, shape, 0.0, runner_model="reference")
     plan = timing.SamplingPlan(
         n_sets=len(rounds.private_sets),
         budget_s=session.step.options.time_budget_s,
-        min_samples=CALIBRATION_CALLS,
-        max_samples=CALIBRATION_CALLS,
+        min_samples=solo.SOLO_SAMPLES,
+        max_samples=solo.SOLO_SAMPLES,
     )
-    rounds.measure(plan)
+    samples = rounds.measure(plan)
+    baseline = solo.SoloBaseline(samples["reference"], rounds.host_load.slowdown)
+    if session.device.type != "cuda":
+        return _BeforeImport(_calibrate_back_to_back(session, shape), baseline)
     kept = slice(plan.warmup_rounds, None)
     tally = rounds.tally
-    return statistics.median(e - r for e, r in zip(tally.envelope[kept], tally.reported[kept]))
+    overhead = statistics.median(e - r for e, r in zip(tally.envelope[kept], tally.reported[kept]))
+    return _BeforeImport(overhead, baseline)
 
 
 def _calibrate_back_to_back(session: Session, shape: ShapeSpec) -> float:
     clock = timing.Clock(session.device)
     setup = _shape_setup(session, shape)
-    shared = share(session.device, setup.reference, setup.input_sets, setup.outputs, n_slots=len(setup.input_sets))
+    shared = setup.shared(session)
     prepare(session, "reference", shape, setup.model_seed, shared)
     gaps = []
     for i in range(CALIBRATION_CALLS):
-        clock.clear()
-        called = session.link.ask(Call(input_set=i % 2, slot=i % 2, timed=True), Called, 120)
-        if called.error or called.elapsed_ms is None:
-            raise Fail(Status.sandbox_error, f"the reference failed in the runner: {called.error}")
-        gaps.append(session.link.last_envelope_ms - called.elapsed_ms)
+        requests: list[Call | Backward] = [Call(input_set=i % 2, slot=i % 2, timed=True)]
+        if setup.gradients is not None:  # a training step's fixed cost is its two calls'
+            requests.append(Backward(slot=i % 2, timed=True))
+        gap = 0.0
+        for request in requests:
+            if isinstance(request, Backward) and setup.gradients is not None:
+                upload_upstream(session.device, shared, i % 2, draw_upstream(setup.outputs, setup.gradients, i))
+            clock.clear()
+            called = session.link.ask(request, Called, 120)
+            if called.error or called.elapsed_ms is None:
+                raise Fail(Status.sandbox_error, f"the reference failed in the runner: {called.error}")
+            gap += session.link.last_envelope_ms - called.elapsed_ms
+        gaps.append(gap)
     return min(gaps[2:])
 
 
@@ -242,6 +284,9 @@ class _Tally:
     reported: list[float] = field(default_factory=list)
     envelope: list[float] = field(default_factory=list)
     checked: int = 0
+    gradients_checked: int = 0
+    backward_ms: dict[str, list[float]] = field(default_factory=dict)
+    """training mode: each subject's backward alone, one per round (the warm-up rounds' first)"""
 
 
 class _ShapeTiming:
@@ -258,14 +303,22 @@ class _ShapeTiming:
         shape: ShapeSpec,
         overhead_ms: float,
         runner_model: Literal["candidate", "reference"] = "candidate",
+        baseline: solo.SoloBaseline | None = None,
     ):
         self.session, self.clock, self.overhead_ms = session, clock, overhead_ms
+        self.watch = solo.ReferenceWatch(session.step.backend, baseline)
         self.runner_model = runner_model
         setup = _shape_setup(session, shape)
         self.reference, self.private_sets, self.redraws = setup.reference, setup.input_sets, setup.redraws
-        n_sets = len(self.private_sets)
-        self.shared = share(session.device, self.reference, self.private_sets, setup.outputs, n_slots=n_sets)
+        self.shared = setup.shared(session)
         prepare(session, runner_model, shape, setup.model_seed, self.shared)
+        self.gradients: GradientPlan | None = setup.gradients
+        self.outputs: list[torch.Tensor] = setup.outputs
+        self.upstreams: dict[int, list[torch.Tensor]] = {}
+        """training mode: each input set's upstream gradient this round, a fresh draw"""
+        self.expected_gradients: dict[int, list[torch.Tensor]] = {}
+        """training mode: the reference's gradients on each input set, from this round's trusted call"""
+        self.last_backward_ms = 0.0
         self.model_seed = setup.model_seed
         self.trusted: dict[str, torch.nn.Module | Callable[..., Any]] = {"reference": self.reference}
         if session.step.options.compare_torch_compile and runner_model == "candidate":
@@ -297,37 +350,106 @@ class _ShapeTiming:
             if view is not None:
                 view.copy_(x)
         poison(self.shared.slot_views[set_index])
+        if self.gradients is not None:
+            self.upstreams[set_index] = draw_upstream(self.outputs, self.gradients, self.session.seeds.draw())
         synchronize(self.session.device)
 
     def time_trusted(self, name: str, set_index: int) -> float:
-        """One sample of a subject the judge times itself, every process of the candidate's stopped meanwhile."""
+        """One sample of a subject the judge times itself, every process of the candidate's stopped meanwhile: a
+        sample under a freeze that did not complete, one while the candidate's processes ran, or one of the
+        reference's past its solo baseline's 9th decile, is timed again (`solo.ReferenceWatch`)."""
+        sample = self._trusted_sample(name, set_index)
+        while not self.watch.accept(name, sample):
+            sample = self._trusted_sample(name, set_index)
+        output = sample.output
+        if self.gradients is not None:
+            self.tally.backward_ms.setdefault(name, []).append(self.last_backward_ms)
+            assert isinstance(sample.output, tuple), "a trusted training step gives its outputs and gradients"
+            output, gradients = sample.output
+            if name == "reference":
+                self.expected_gradients[set_index] = gradients
+        if name == "reference":
+            self.expected[set_index] = checking.flatten_outputs(output) or []
+            self.reference_s = sample.elapsed_ms / 1e3
+        return sample.elapsed_ms
+
+    def _trusted_sample(self, name: str, set_index: int) -> solo.TrustedSample:
+        """One attempt: timed only once the freeze has completed, with the CPU time the candidate's processes used
+        meanwhile (about zero when the freeze holds)."""
         freezer = self.session.link.freezer
-        freezer.freeze()
         try:
-            with torch.no_grad():
-                call = functools.partial(self.trusted[name], *self.private_sets[set_index])
-                elapsed, out = self.clock.time(call, self.host_load)
+            if not freezer.freeze():
+                return solo.TrustedSample(frozen=False)
+            cpu_before = freezer.candidate_cpu_ns()
+            if self.gradients is not None:
+                elapsed, out = self._trusted_step(self.trusted[name], set_index, self.gradients)
+            else:
+                with torch.no_grad():
+                    call = functools.partial(self.trusted[name], *self.private_sets[set_index])
+                    elapsed, out = self.clock.time(call, self.host_load)
+            cpu_ms = (freezer.candidate_cpu_ns() - cpu_before) / 1e6
         finally:
             freezer.thaw()
-        if name == "reference":
-            self.expected[set_index] = checking.flatten_outputs(out) or []
-            self.reference_s = elapsed / 1e3
-        return elapsed
+        return solo.TrustedSample(frozen=True, elapsed_ms=elapsed, output=out, candidate_cpu_ms=cpu_ms)
+
+    def _trusted_step(
+        self, model: torch.nn.Module | Callable[..., Any], set_index: int, plan: GradientPlan
+    ) -> tuple[float, tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        """Training mode: the forward and the backward of a trusted subject from this round's upstream gradient,
+        each timed as the candidate's runner times its own; the step's time, and its outputs and gradients. The
+        backward's time alone is left in `last_backward_ms`."""
+        arguments = [
+            x.detach().requires_grad_(i in plan.inputs) if isinstance(x, torch.Tensor) else x
+            for i, x in enumerate(self.private_sets[set_index])
+        ]
+        parameters = dict(self.reference.named_parameters())
+        for parameter in parameters.values():
+            parameter.grad = None
+        with torch.enable_grad():
+            forward_ms, out = self.clock.time(lambda: model(*arguments), self.host_load)
+            outputs = checking.flatten_outputs(out) or []
+            flowing, upstream = [outputs[i] for i in plan.outputs], self.upstreams[set_index]
+            self.last_backward_ms, _ = self.clock.time(
+                lambda: torch.autograd.backward(flowing, upstream), self.host_load
+            )
+        gradients = [arguments[i].grad for i in plan.inputs] + [parameters[n].grad for n in plan.parameters]
+        for parameter in parameters.values():
+            parameter.grad = None
+        return forward_ms + self.last_backward_ms, (
+            [o.detach() for o in outputs],
+            [g for g in gradients if g is not None],
+        )
+
+    def _ask(self, request: Call | Backward) -> Called:
+        """One of the runner's timed calls, its envelope in `link.last_envelope_ms`."""
+        if self.runner_model == "reference":  # before the candidate's import: no observer, no mark
+            return self.session.link.ask(request, Called, 120)
+        return self.session.ask_call(request, self.reference_s)
 
     def time_candidate(self, set_index: int) -> float:
-        self.clock.clear()
-        request = Call(input_set=set_index, slot=set_index, timed=True)
-        if self.runner_model == "reference":  # before the candidate's import: no observer, no mark
-            called = self.session.link.ask(request, Called, 120)
-        else:
-            called = self.session.ask_call(request, self.reference_s)
-        envelope_ms = self.session.link.last_envelope_ms
-        answered(called, "a timed forward")
-        if called.elapsed_ms is None or not math.isfinite(called.elapsed_ms) or called.elapsed_ms < 0:
-            raise Fail(Status.suspicious, f"the runner reported no usable time ({called.elapsed_ms})")
-        self.tally.reported.append(called.elapsed_ms)
+        """One timed step of the runner's model: its forward, and in training mode its backward from this round's
+        upstream gradient (written once the forward has answered), the step's time the sum of the two."""
+        requests: list[tuple[Call | Backward, str]] = [
+            (Call(input_set=set_index, slot=set_index, timed=True), "forward")
+        ]
+        if self.gradients is not None:
+            requests.append((Backward(slot=set_index, timed=True), "backward"))
+        elapsed_ms = envelope_ms = 0.0
+        for request, what in requests:
+            if isinstance(request, Backward):
+                upload_upstream(self.session.device, self.shared, set_index, self.upstreams[set_index])
+            self.clock.clear()
+            called = self._ask(request)
+            envelope_ms += self.session.link.last_envelope_ms
+            answered(called, f"a timed {what}")
+            if called.elapsed_ms is None or not math.isfinite(called.elapsed_ms) or called.elapsed_ms < 0:
+                raise Fail(Status.suspicious, f"the runner reported no usable time ({called.elapsed_ms}) for a {what}")
+            elapsed_ms += called.elapsed_ms
+            if isinstance(request, Backward):
+                self.tally.backward_ms.setdefault("candidate", []).append(called.elapsed_ms)
+        self.tally.reported.append(elapsed_ms)
         self.tally.envelope.append(envelope_ms - self.overhead_ms)
-        return called.elapsed_ms
+        return elapsed_ms
 
     def check_round(self, set_index: int) -> None:
         """The round's inputs as the judge drew them, and the candidate's outputs the reference's on them."""
@@ -344,17 +466,30 @@ class _ShapeTiming:
                     "computed from that call's input within the call",
                 )
         tally.checked += 1
+        if self.gradients is None or self.shared.gradient_views is None:
+            return
+        gradients = zip(self.gradients.names, self.shared.gradient_views[set_index], self.expected_gradients[set_index])
+        for name, got, want in gradients:
+            off = _timed_output_off(got, want, self.session.policy)
+            if off is not None:
+                raise Fail(
+                    Status.suspicious,
+                    f"timed call {tally.checked} (input set {set_index}): its {name} is off by {off}: not computed "
+                    "from that call's input and upstream gradient within the call",
+                )
+        tally.gradients_checked += 1
 
 
 def _benchmark_one(
     session: Session,
     clock: timing.Clock,
     shape: ShapeSpec,
-    overhead_ms: float,
+    before: _BeforeImport,
     peaks: DevicePeaks | None,
     result: BenchmarkResult,
 ) -> ShapeBenchmark:
-    timed = _ShapeTiming(session, clock, shape, overhead_ms)
+    overhead_ms = before.overhead_ms
+    timed = _ShapeTiming(session, clock, shape, overhead_ms, baseline=before.baseline)
     options = session.step.options
     plan = timing.SamplingPlan(
         n_sets=len(timed.private_sets),
@@ -369,7 +504,11 @@ def _benchmark_one(
         raise Fail(Status.forbidden_op, forbidden_message(forbidden))
     stats = {name: timing.summarize(s) for name, s in samples.items()}
     entry = _entry(shape, stats, timed.tally, overhead_ms)
+    if timed.gradients is not None:
+        _with_backward(entry, timed.tally, plan.warmup_rounds)
     entry.host_slowdown = timed.host_load.slowdown
+    loaded = solo.too_loaded(entry.host_slowdown)
+    result.host_too_loaded |= loaded is not None
     entry.seeds = [timed.model_seed, *timed.redraws.drawn_seeds[:SEEDS_KEPT]]
     drawn = timed.redraws
     entry.input_sets = (
@@ -382,7 +521,16 @@ def _benchmark_one(
     entry.memory_floor_ms, entry.floor_ms = devices.floors(peaks, shape.flops, shape.bytes, session.policy.allow_tf32)
     if entry.floor_ms and cand.median_ms > 0:
         entry.fraction_of_floor = entry.floor_ms / cand.median_ms
+    entry.reference_solo = before.baseline.timing
+    entry.reference_solo_host_slowdown = before.baseline.host_slowdown
+    entry.reference_check = timed.watch.check
+    disagreement = solo.disagreement(before.baseline, samples["reference"], timed.watch.check, entry.host_slowdown)
+    if disagreement:
+        entry.status, entry.message = solo.timing_finding(disagreement, loaded)
+        return entry
     _check_envelope(entry, session.step.backend, shape, timed.tally, overhead_ms, peaks)
+    if entry.status == Status.suspicious:
+        entry.status, entry.message = solo.timing_finding(entry.message, loaded)
     return entry
 
 
@@ -407,6 +555,18 @@ def _entry(shape: ShapeSpec, stats: dict[str, Timing], tally: _Tally, overhead_m
         entry.tflops = shape.flops / seconds / 1e12 if shape.flops else None
         entry.gbps = shape.bytes / seconds / 1e9 if shape.bytes else None
     return entry
+
+
+def _with_backward(entry: ShapeBenchmark, tally: _Tally, warmup_rounds: int) -> None:
+    """Training mode: each side's backward alone (the warm-up rounds left out), and the gradients checked. The
+    problem's flops and bytes count a forward: rates and floors against the step's time would mean nothing."""
+    candidate_ms, reference_ms = tally.backward_ms["candidate"], tally.backward_ms["reference"]
+    entry.backward = timing.summarize(candidate_ms[warmup_rounds:] or candidate_ms)
+    entry.reference_backward = timing.summarize(reference_ms[warmup_rounds:] or reference_ms)
+    if entry.backward.median_ms > 0:
+        entry.backward_speedup = entry.reference_backward.median_ms / entry.backward.median_ms
+    entry.gradients_checked = tally.gradients_checked
+    entry.tflops = entry.gbps = None
 
 
 def _check_envelope(

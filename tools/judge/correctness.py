@@ -6,6 +6,11 @@ reference's own output); the two runs must agree (`kernelloop.tools.judge.expect
 passed, on the cuda backend, the candidate runs once more under compute-sanitizer
 (`kernelloop.tools.judge.memory_check`). Failures are values: every way a submission can fail ends as a status
 with a message that names the shape, the seed, the element and the values involved.
+
+In training mode (`EvalOptions.mode`) each of the two calls is a forward and then a backward from an upstream gradient
+of its own, drawn by the judge and written where the runner reads it only once the forward has answered; every
+gradient of each call is judged against the reference's for that upstream (`kernelloop.tools.judge.gradients`), so a
+gradient kept and added to across calls fails on the second.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from kernelloop.tools.jobs import WorkerJob
 from kernelloop.tools.judge.compiling import load, start
 from kernelloop.tools.judge.device_state import free_device_memory, make_room, set_precision_policy, synchronize
 from kernelloop.tools.judge.expectation import expected_for, judged, take_outputs
+from kernelloop.tools.judge.gradients import judge_gradient_calls
 from kernelloop.tools.judge.memory_check import BootedTools, boot_tools, memory_check
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.judge.session import (
@@ -28,10 +34,10 @@ from kernelloop.tools.judge.session import (
     selected,
     stopwatch,
 )
-from kernelloop.tools.judge.shared_buffers import mutated, poison, prepare, share
+from kernelloop.tools.judge.shared_buffers import mutated, poison, prepare, share, upload_upstream
 from kernelloop.tools.problems import ShapeSpec, verdict_policy
 from kernelloop.tools.results import ShapeCheck, Status, TestResult
-from kernelloop.tools.runner.messages import Call
+from kernelloop.tools.runner.messages import Backward, Call
 
 
 def test_phase(job: WorkerJob, link: RunnerLink, report: Report) -> TestResult:
@@ -136,20 +142,28 @@ def _check_one(session: Session, shape: ShapeSpec, seed: int, result: TestResult
     reference, inputs, reference_out, truth = expected.reference, expected.inputs, expected.outputs, expected.truth
     if truth is None and policy.name != "kernelbench":  # a policy that judges by the truth cannot judge at all
         raise Fail(Status.sandbox_error, expected.truth_error)
+    train = expected.gradients
     with stopwatch(result, "checks.share"):
-        shared = share(device, reference, [inputs], reference_out, n_slots=2)
+        shared = share(device, reference, [inputs], reference_out, n_slots=2, gradients=train.plan if train else None)
         prepared = prepare(session, "candidate", shape, expected.model_seed, shared)
     if not result.parameter_mapping:
         result.parameter_mapping = prepared.parameter_mapping
-    outputs = []
+    outputs, gradients = [], []
     for slot_index, what in ((0, "forward"), (1, "the second forward")):
         with stopwatch(result, "checks.calls"):
             poison(shared.slot_views[slot_index])
             synchronize(device)
             called = session.ask_call(Call(input_set=0, slot=slot_index, timed=False), expected.seconds)
             outputs.append(take_outputs(called, shared.slot_views[slot_index], what))
+            if train is not None:
+                buffers = upload_upstream(device, shared, slot_index, train.upstreams[slot_index])
+                called = session.ask_call(Backward(slot=slot_index, timed=False), expected.seconds)
+                gradients.append(take_outputs(called, buffers, f"the backward of {what}"))
             changed = mutated(shared.input_views[0], inputs)
         if changed:
             raise Fail(Status.input_mutated, changed)
     with stopwatch(result, "checks.compare"):
-        return judged(session, shape, seed, expected, outputs)
+        check = judged(session, shape, seed, expected, outputs)
+        if train is not None and check.status == Status.passed:
+            judge_gradient_calls(session.policy, train, gradients, check)
+        return check

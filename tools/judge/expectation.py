@@ -16,6 +16,7 @@ import torch
 
 from kernelloop.tools.judge import checking
 from kernelloop.tools.judge.device_state import free_device_memory, synchronize
+from kernelloop.tools.judge.gradients import ExpectedGradients, expected_gradients
 from kernelloop.tools.judge.reference import draw_inputs, reference_model
 from kernelloop.tools.judge.session import Fail, Session, answered, harness_failure
 from kernelloop.tools.problems import ShapeSpec, job_dtype, kernelbench_policy, truth_policy
@@ -101,6 +102,8 @@ class Expected:
     runs of its own, so it is not given"""
     model_seed: int
     """the seed both models were built under (the runner is told it; the inputs' seed it never hears of)"""
+    gradients: ExpectedGradients | None = None
+    """training mode: the gradients the check's calls must give"""
 
 
 def expected_for(session: Session, shape: ShapeSpec, seed: int) -> Expected:
@@ -124,7 +127,10 @@ def expected_for(session: Session, shape: ShapeSpec, seed: int) -> Expected:
         raise Fail(Status.sandbox_error, harness_failure(f"the reference failed on shape {shape.name}", exc)) from exc
     truth, truth_error = None, ""
     if policy.name == "kernelbench" and (shape.check_bytes() or 0) > OTHER_VERDICT_MAX_CHECK_BYTES:
-        return Expected(reference, inputs, outputs, seconds, None, "", mode_matters, model_seed)  # not cheap
+        expected = Expected(reference, inputs, outputs, seconds, None, "", mode_matters, model_seed)  # not cheap
+        if session.step.options.mode == "train":
+            with_gradients(session, expected, shape)
+        return expected
     try:
         with torch.no_grad():
             reference64 = copy.deepcopy(reference).double()
@@ -136,4 +142,25 @@ def expected_for(session: Session, shape: ShapeSpec, seed: int) -> Expected:
             f"the float64 truth of shape {shape.name} could not be computed", exc, "--policy kernelbench (which "
             "compares against the reference in its own precision) judges this problem without it"
         )  # fmt: skip
-    return Expected(reference, inputs, outputs, seconds, truth, truth_error, mode_matters, model_seed)
+    expected = Expected(reference, inputs, outputs, seconds, truth, truth_error, mode_matters, model_seed)
+    if session.step.options.mode == "train":
+        with_gradients(session, expected, shape)
+    return expected
+
+
+CALLS_PER_CHECK = 2
+"""a check calls the candidate twice on its input (in training mode, each call with its own upstream gradient)"""
+
+
+def with_gradients(session: Session, expected: Expected, shape: ShapeSpec) -> None:
+    """Training mode: the gradients the check's calls must give, each call's upstream gradient a fresh draw."""
+    seeds = [session.seeds.draw() for _ in range(CALLS_PER_CHECK)]
+    try:
+        expected.gradients = expected_gradients(
+            expected.reference, expected.inputs, expected.outputs, seeds, shape.name, expected.truth is not None
+        )
+    except Fail:
+        raise
+    except Exception as exc:
+        what = f"the reference's backward failed on shape {shape.name}"
+        raise Fail(Status.sandbox_error, harness_failure(what, exc)) from exc

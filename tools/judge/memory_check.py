@@ -63,6 +63,7 @@ from kernelloop.tools.judge.compiling import load, start
 from kernelloop.tools.judge.device_state import device_of, synchronize
 from kernelloop.tools.judge.expectation import expected_for, judged, take_outputs
 from kernelloop.tools.judge.gpu_tools import gpu_tool, missing_tool_message
+from kernelloop.tools.judge.gradients import judge_gradient_calls
 from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink, ToolRun
 from kernelloop.tools.judge.sanitizer_report import SanitizerReport
 from kernelloop.tools.judge.session import (
@@ -74,7 +75,7 @@ from kernelloop.tools.judge.session import (
     selected,
     stopwatch,
 )
-from kernelloop.tools.judge.shared_buffers import poison, prepare, share
+from kernelloop.tools.judge.shared_buffers import poison, prepare, share, upload_upstream
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import (
     MemoryCheck,
@@ -85,7 +86,7 @@ from kernelloop.tools.results import (
     Status,
     TestResult,
 )
-from kernelloop.tools.runner.messages import Call
+from kernelloop.tools.runner.messages import Backward, Call
 
 ERROR_EXIT_CODE = 86
 """the tool's exit code when it found an error (`--error-exitcode`): not one Python or a signal gives"""
@@ -314,14 +315,30 @@ def _forward_under_tool(session: Session, link: RunnerLink, shape: ShapeSpec, se
     expected = expected_for(tool_session, shape, seed)
     if expected.truth is None and tool_session.policy.name != "kernelbench":
         raise Fail(Status.sandbox_error, expected.truth_error)
-    shared = share(session.device, expected.reference, [expected.inputs], expected.outputs, n_slots=1, staged=True)
+    train = expected.gradients  # training mode: the backward runs under the tool too
+    shared = share(
+        session.device,
+        expected.reference,
+        [expected.inputs],
+        expected.outputs,
+        n_slots=1,
+        staged=True,
+        gradients=train.plan if train else None,
+    )
     prepare(tool_session, "candidate", shape, expected.model_seed, shared)
     poison(shared.slot_views[0])
     synchronize(session.device)
     reference_s = max(expected.seconds, CALL_UNDER_TOOL_S / CALL_DEADLINE_FACTOR)
     called = tool_session.ask_call(Call(input_set=0, slot=0, timed=False), reference_s)
     outputs = take_outputs(called, shared.slot_views[0], "forward")
+    gradients = []
+    if train is not None:
+        buffers = upload_upstream(session.device, shared, 0, train.upstreams[0])
+        called = tool_session.ask_call(Backward(slot=0, timed=False), reference_s)
+        gradients.append(take_outputs(called, buffers, "the backward"))
     verdict = judged(tool_session, shape, seed, expected, [outputs, outputs])
+    if train is not None and verdict.status == Status.passed:
+        judge_gradient_calls(tool_session.policy, train, gradients, verdict)
     forbidden = tool_session.forbidden()
     if forbidden:
         raise Fail(Status.forbidden_op, forbidden_message(forbidden))

@@ -34,12 +34,14 @@ from typing import Literal, NoReturn, TypeVar
 from pydantic import BaseModel, Field
 
 from kernelloop.tools.jobs import FREEZER_FDS_VARIABLE, FreezerFiles
+from kernelloop.tools.judge import capabilities
 from kernelloop.tools.runner import guard
 from kernelloop.tools.runner.channel import Channel, ChannelBroken, ChannelTimeout
 from kernelloop.tools.runner.messages import Finish, Finished, Reply, ReplyEnvelope, Request, RequestEnvelope
 
 ReplyT = TypeVar("ReplyT", bound=BaseModel)
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+CLONE_NEWPID = 0x20000000
 POLL_S = 1.0
 RUNNER_MODULE = "kernelloop.tools.runner.serve"
 SPAWN_MODULE = "kernelloop.tools.runner.spawn"
@@ -96,8 +98,9 @@ class ForkedRunner:
 
 FreezerKind = Literal["cgroup", "pid_namespace", "process_group"]
 FROZEN_WITHIN_S = 1.0
-"""how long the judge waits for a cgroup to report every process frozen (one in the kernel, e.g. in a long
-uninterruptible call, freezes on its way out of it)"""
+"""how long the judge waits for a cgroup to report every process frozen, or for every thread of the candidate's to
+stop (one in the kernel, e.g. in a long uninterruptible call, stops on its way out of it): a freeze that has not
+completed by then is a failed sample, never a timed one"""
 
 
 class Freezer:
@@ -131,16 +134,23 @@ class Freezer:
         )
         self.frozen = False
 
-    def freeze(self) -> None:
+    def freeze(self) -> bool:
+        """Stop every process of the candidate's; whether the freeze completed within FROZEN_WITHIN_S (the cgroup
+        says `frozen 1`, or every thread of every process of the candidate's is stopped). A process inside a long
+        system call that only a fatal signal interrupts (`madvise(MADV_POPULATE_READ)` over gigabytes, say) stops
+        only on its way out of it, and runs meanwhile: a freeze that did not complete is no freeze to time under.
+        Call `thaw` either way."""
         if self.runner.poll() is not None:
-            return
+            return True  # nothing to time against: the candidate's next call fails on its death
         self.frozen = True
+        deadline = time.monotonic() + FROZEN_WITHIN_S
         if self.cgroup is not None:
             os.write(self.cgroup.freeze, b"1")
-            deadline = time.monotonic() + FROZEN_WITHIN_S
-            while b"frozen 1" not in os.pread(self.cgroup.events, 4096, 0) and time.monotonic() < deadline:
+            while b"frozen 1" not in os.pread(self.cgroup.events, 4096, 0):
+                if time.monotonic() >= deadline:
+                    return False
                 time.sleep(0.0001)
-            return
+            return True
         if self.kind == "pid_namespace":
             os.kill(-1, signal.SIGSTOP)  # every process of the namespace but this one and its init
             os.killpg(os.getpgrp(), signal.SIGCONT)  # the judge's own helpers
@@ -150,9 +160,38 @@ class Freezer:
             _, status = os.waitpid(self.runner.pid, os.WUNTRACED)
         except ChildProcessError:
             self.runner.returncode = -signal.SIGKILL
-            return
+            return self._settled(deadline)
         if not os.WIFSTOPPED(status):  # it ended meanwhile
             self.runner.returncode = os.waitstatus_to_exitcode(status)
+        return self._settled(deadline)
+
+    def _settled(self, deadline: float) -> bool:
+        """Whether every thread of every process of the candidate's is stopped (or gone) by `deadline`."""
+        while True:
+            running = [task for task in candidate_tasks() if _task_state(task) not in STOPPED_STATES]
+            if not running:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0005)
+
+    def candidate_cpu_ns(self) -> int:
+        """The CPU time every process of the candidate's has used so far, in nanoseconds: its cgroup's
+        `cpu.stat` where the job has one (every process it ever had, the ended ones too), else the sum over the
+        threads of the candidate's processes alive now (`candidate_tasks`). Read before and after a reference
+        sample, the difference is what the candidate ran meanwhile: about zero under a freeze that holds."""
+        if self.cgroup is not None and self.cgroup.stat is not None:
+            for line in os.pread(self.cgroup.stat, 4096, 0).decode().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "usage_usec":
+                    return int(value) * 1000
+        total = 0
+        for task in candidate_tasks():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # ended meanwhile
+        return total
 
     def thaw(self) -> None:
         if not self.frozen:
@@ -174,6 +213,42 @@ class Freezer:
                 os.killpg(group, number)
         except ProcessLookupError:
             pass  # it ended: `freeze` reads how
+
+
+STOPPED_STATES = frozenset("tTZX")
+"""a thread's state in /proc/PID/task/TID/stat once it has stopped (by a signal or a tracer) or ended"""
+
+
+def _task_state(task: Path) -> str:
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"  # ended meanwhile
+
+
+def candidate_tasks() -> list[Path]:
+    """Every thread (/proc/PID/task/TID) of every process of the candidate's alive now: the processes below this
+    one (the judge; the candidate's orphans come to it, its subreaper) outside its process group, and everything
+    below them. The judge's own helpers (torch.compile's workers, a GPU tool's process) are in its group, which no
+    process of the candidate's can join: they and theirs are left out, and a cgroup freezer leaves them out too."""
+    judge, group = os.getpid(), os.getpgrp()
+    below = _descendants(judge)
+    children: dict[int, list[int]] = {}
+    for pid, parent, _ in below:
+        children.setdefault(parent, []).append(pid)
+    found: list[int] = []
+    frontier = [pid for pid, parent, pgrp in below if parent == judge and pgrp != group]
+    while frontier:
+        pid = frontier.pop()
+        found.append(pid)
+        frontier.extend(children.get(pid, []))
+    tasks: list[Path] = []
+    for pid in found:
+        try:
+            tasks.extend(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue  # ended meanwhile
+    return tasks
 
 
 def _moved_into_freezer(files: FreezerFiles | None, pid: int) -> FreezerFiles | None:
@@ -231,8 +306,43 @@ def _descendants(root: int) -> list[tuple[int, int, int]]:
     return found
 
 
-def _become_runner(socket_fd: int) -> NoReturn:
-    """In the forked child: drop everything of the judge's but the socket and the output, then serve."""
+def _fork_runner(socket_fd: int) -> tuple[ForkedRunner, bool]:
+    """The runner, forked from the judge by a short-lived launcher that first puts its children in a pid namespace
+    of their own (where the judge can, `capabilities`) and gives up every capability: the runner is that
+    namespace's first process, so no thread of the judge's has a number any call of the candidate's could name
+    (scheduling, affinity, priority, limits, signals, tracing), and the namespace ends with it, whatever the
+    candidate left running there. The launcher exits at once and the runner becomes the judge's child (the judge is
+    a subreaper). Where no namespace can be made (no sandbox, or one without the capability), the runner shares the
+    judge's and its guard names the judge's pid. Returns the runner and whether it has a namespace of its own."""
+    judge_pid = os.getpid()
+    read_end, write_end = os.pipe()
+    launcher = os.fork()
+    if launcher == 0:
+        try:
+            os.close(read_end)
+            own = ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWPID) == 0
+            capabilities.drop_all()
+            pid = os.fork()
+            if pid == 0:
+                os.close(write_end)
+                _become_runner(socket_fd, None if own else judge_pid)
+            os.write(write_end, f"{pid} {int(own)}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as launched:
+        answer = launched.read().decode()
+    os.waitpid(launcher, 0)
+    try:
+        pid, own = map(int, answer.split())
+    except ValueError:
+        raise RuntimeError(f"the runner's launcher failed (it said {answer!r})") from None
+    return ForkedRunner(pid), bool(own)
+
+
+def _become_runner(socket_fd: int, judge_pid: int | None) -> NoReturn:
+    """In the forked child: drop everything of the judge's but the socket and the output, then serve. `judge_pid`:
+    the judge's, where the runner shares its pid namespace; None where it has one of its own."""
     try:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # the job comes on the judge's stdin: never readable here
@@ -241,7 +351,7 @@ def _become_runner(socket_fd: int) -> NoReturn:
         if sys.platform.startswith("linux"):
             ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as a process of its own would be
         try:
-            guard.fence_off_judge()  # before anything of the candidate's exists: it cannot reach the judge
+            guard.fence_off_judge(judge_pid)  # before anything of the candidate's exists
         except (guard.GuardUnsupported, OSError) as exc:
             os.write(2, f"the runner could not fence off its judge: {exc}\n".encode())
             os._exit(1)
@@ -331,6 +441,8 @@ class RunnerLink:
             os.setpgid(0, 0)  # in bubblewrap's namespace the judge shares group 1 with init: killpg(1) is kill(-1)
         freezer = FreezerFiles.from_variable(os.environ.pop(FREEZER_FDS_VARIABLE, None))  # the runner never sees it
         self.tool: str | None = None
+        self.runner_pid_namespace = False
+        """whether the runner is in a pid namespace of its own, where no process of the judge's has a number"""
         self._tool_output: _OutputReader | None = None
         self._started = time.monotonic()
         if wrapper:
@@ -338,10 +450,8 @@ class RunnerLink:
         else:
             if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent made
                 raise RuntimeError("CUDA was initialized in the judge before its runner was forked")
-            pid = os.fork()
-            if pid == 0:
-                _become_runner(theirs.fileno())
-            self.process = ForkedRunner(pid)
+            self.process, self.runner_pid_namespace = _fork_runner(theirs.fileno())
+        capabilities.drop_all()  # the judge's one use of CAP_SYS_ADMIN is over (`capabilities`)
         theirs.close()
         self.freezer = Freezer(self.process, _moved_into_freezer(freezer, self.process.pid) if not wrapper else None)
         self.channel = Channel(ours)

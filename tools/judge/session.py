@@ -27,7 +27,7 @@ from kernelloop.tools.judge.runner_link import RunnerFailed, RunnerLink
 from kernelloop.tools.problems import ShapeSpec
 from kernelloop.tools.results import PhaseResult, Status, TolerancePolicy
 from kernelloop.tools.runner import library_fence
-from kernelloop.tools.runner.messages import Call, Called
+from kernelloop.tools.runner.messages import Backward, Call, Called
 
 Report = Callable[[PhaseResult], None]
 """Sends the result-so-far to the caller: after every step, so if the judge itself dies the caller still knows
@@ -74,9 +74,9 @@ class Session:
         """The operators the candidate's process dispatched since its import began, as read so far."""
         return self.operators.ops if self.operators is not None else set()
 
-    def ask_call(self, request: Call, reference_s: float) -> Called:
-        """One forward of the candidate's in the runner, with a deadline scaled to the reference's time; the
-        observer's mark for it must follow on the judge's pipe."""
+    def ask_call(self, request: Call | Backward, reference_s: float) -> Called:
+        """One forward (or, in training mode, backward) of the candidate's in the runner, with a deadline scaled to
+        the reference's time; the observer's mark for it must follow on the judge's pipe."""
         deadline = max(CALL_DEADLINE_MIN_S, CALL_DEADLINE_FACTOR * reference_s)
         if self.calls_made == 0:
             deadline = max(deadline, FIRST_CALL_DEADLINE_S)
@@ -165,6 +165,7 @@ def forbidden_message(forbidden: list[str]) -> str:
 def answered(called: Called, what: str) -> None:
     """Raise the failure the runner's answer reports, if any."""
     if called.error:
-        raise Fail(Status.runtime_error, f"{what} raised {called.error.removeprefix('forward raised ')}")
+        error = called.error.removeprefix("forward raised ").removeprefix("backward raised ")
+        raise Fail(Status.runtime_error, f"{what} raised {error}")
     if called.output_problem:
         raise Fail(Status.wrong_output, called.output_problem)

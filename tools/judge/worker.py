@@ -1,7 +1,8 @@
 """Entry point of a sandboxed job: `python -P -m kernelloop.tools.judge.worker RESULT_FD`, the job as JSON on stdin.
 
 This process is the judge. It makes itself non-dumpable, imports torch and forks the candidate's runner (a
-second process, `kernelloop.tools.judge.runner_link`), and only then reads the job: a worker can be started ahead of
+second process in a pid namespace of its own, `kernelloop.tools.judge.runner_link`), gives up every capability it
+started with (`kernelloop.tools.judge.capabilities`), and only then reads the job: a worker can be started ahead of
 its job (`kernelloop.tools.sandbox.worker_pool`) and have all of that done by the time the job comes. It then runs
 the phase, sending the result-so-far on the private pipe after each step and the final result last, each
 line tagged with the job's nonce. Neither the pipe nor the nonce is reachable from the runner. It leaves
@@ -16,10 +17,12 @@ import time
 import traceback
 
 from kernelloop.tools.jobs import WorkerJob, WorkerReply
+from kernelloop.tools.judge import capabilities
 from kernelloop.tools.judge.runner_link import RunnerLink, make_undumpable
 
 
 def main() -> None:
+    capabilities.keep_out_of_programs()  # before anything is started: no program inherits the judge's
     result_fd = int(sys.argv[1])
     make_undumpable()
     os.set_inheritable(result_fd, False)

@@ -109,15 +109,14 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
 
 
-def copy_parameters(reference: torch.nn.Module, candidate: torch.nn.Module) -> str:
-    """Copy the reference's parameters and buffers into the candidate where they line up: by name,
-    else by order and shape. Returns a sentence saying what was matched and what was not."""
+def matched_tensors(reference: torch.nn.Module, candidate: torch.nn.Module) -> list[tuple[str, str]]:
+    """The reference's parameters and buffers paired with the candidate's, (reference name, candidate name): by
+    name, else by order and shape."""
     ref_state = state_tensors(reference)
     new_state = state_tensors(candidate)
     pairs: list[tuple[str, str]] = [
         (n, n) for n in ref_state if n in new_state and ref_state[n].shape == new_state[n].shape
     ]
-    by_name = len(pairs)
     ref_left = [n for n in ref_state if n not in {a for a, _ in pairs}]
     new_left = [n for n in new_state if n not in {b for _, b in pairs}]
     for ref_name in list(ref_left):
@@ -126,6 +125,18 @@ def copy_parameters(reference: torch.nn.Module, candidate: torch.nn.Module) -> s
             pairs.append((ref_name, match))
             ref_left.remove(ref_name)
             new_left.remove(match)
+    return pairs
+
+
+def copy_parameters(reference: torch.nn.Module, candidate: torch.nn.Module) -> str:
+    """Copy the reference's parameters and buffers into the candidate where they line up (`matched_tensors`).
+    Returns a sentence saying what was matched and what was not."""
+    ref_state = state_tensors(reference)
+    new_state = state_tensors(candidate)
+    pairs = matched_tensors(reference, candidate)
+    by_name = sum(1 for a, b in pairs if a == b)
+    ref_left = [n for n in ref_state if n not in {a for a, _ in pairs}]
+    new_left = [n for n in new_state if n not in {b for _, b in pairs}]
     with torch.no_grad():
         for ref_name, new_name in pairs:
             new_state[new_name].copy_(ref_state[ref_name])

@@ -1,14 +1,19 @@
 """The runner's fence around its judge: a seccomp filter the runner installs on itself, right after the fork and
 before any candidate code exists, that every thread and process it starts inherits and none can remove.
 
-The runner and the judge run as the same user, so the kernel would let the candidate stop, renice, re-pin or
-signal its judge (SIGSTOP 2 ms in every 3 slows the reference it is compared with). The filter refuses (EPERM)
-every call that names the judge or reaches it through a group: a signal to the judge's pid, its process group,
-or every process (-1); `tkill` and `pidfd_send_signal`, whose targets (a thread id, a descriptor that may come
-from /proc) cannot be told apart here; a priority change of anything but the caller itself; scheduler, affinity,
-I/O-priority and resource-limit changes of the judge; tracing and cross-process memory calls; and joining the
-judge's process group (from where `kill(0, ...)` would reach it). The runner takes a process group of its own
-first. (Builds need `setpgid` and `setsid` otherwise: ninja starts each compiler in a group of its own.)
+Under bubblewrap the runner has a pid namespace of its own (`kernelloop.tools.judge.runner_link`): no process or
+thread of the judge's has a number there, so no call can name one, and the filter keeps only the calls refused
+whatever they name (`tkill` and `pidfd_send_signal`, tracing and cross-process memory calls) and a priority change
+of anything but the caller itself.
+
+Where no such namespace can be made (isolation `unshare` or `none`, where submitted code runs with the service's
+rights anyway), the runner and the judge share one, as the same user, and the kernel would let the candidate stop,
+renice, re-pin or signal its judge (SIGSTOP 2 ms in every 3 slows the reference it is compared with). The filter
+then also refuses (EPERM) every call that names the judge's pid or reaches it through a group: a signal to the
+judge's pid, its process group, or every process (-1); scheduler, affinity, I/O-priority and resource-limit changes
+of the judge; and joining the judge's process group (from where `kill(0, ...)` would reach it). The judge's other
+threads have numbers of their own there, which this filter does not name. The runner takes a process group of its
+own first. (Builds need `setpgid` and `setsid` otherwise: ninja starts each compiler in a group of its own.)
 
 Numbers are those of x86_64 and aarch64, from the sandbox's one table (`SYSCALL_NUMBERS`); any other ABI is
 killed (a 32-bit call cannot slip past the table).
@@ -45,20 +50,29 @@ class Refuse:
     value: int = 0
 
 
-def rules(judge_pid: int, judge_pgid: int) -> dict[str, list[Refuse]]:
-    """Per call, the conditions under which it is refused (any one is enough)."""
+ALWAYS_REFUSED = ("tkill", "pidfd_send_signal", "ptrace", "process_vm_readv", "process_vm_writev")
+"""refused whatever they name: calls on a thread id, a descriptor, or another process's memory"""
+
+
+def rules(judge_pid: int | None, judge_pgid: int | None) -> dict[str, list[Refuse]]:
+    """Per call, the conditions under which it is refused (any one is enough). Without a judge (`None`: the runner
+    has a pid namespace of its own, where no process of the judge's has a number), the calls refused whatever they
+    name, and `setpriority` of anything but the caller."""
+    refused_outright: dict[str, list[Refuse]] = {name: [Refuse()] for name in ALWAYS_REFUSED}
+    only_itself = {"setpriority": [Refuse(0, "ne", PRIO_PROCESS), Refuse(1, "ne", 0)]}
+    if judge_pid is None or judge_pgid is None:
+        return {**refused_outright, **only_itself}
     # a pid as the kernel compares it, the low word: -1 is 0xffffffff
     signal_targets = [Refuse(0, "eq", pid & U32) for pid in sorted({judge_pid, -1, -judge_pgid, -judge_pid})]
     judge = [Refuse(0, "eq", judge_pid)]
     return {
+        **refused_outright,
+        **only_itself,
         "kill": signal_targets,
         "rt_sigqueueinfo": signal_targets,
         "tgkill": judge,
         "rt_tgsigqueueinfo": judge,
         "pidfd_open": judge,
-        "tkill": [Refuse()],
-        "pidfd_send_signal": [Refuse()],
-        "setpriority": [Refuse(0, "ne", PRIO_PROCESS), Refuse(1, "ne", 0)],  # the caller itself only
         "sched_setaffinity": judge,
         "sched_setscheduler": judge,
         "sched_setparam": judge,
@@ -66,9 +80,6 @@ def rules(judge_pid: int, judge_pgid: int) -> dict[str, list[Refuse]]:
         "prlimit64": judge,
         "ioprio_set": [Refuse(0, "ne", IOPRIO_WHO_PROCESS), Refuse(1, "eq", judge_pid)],
         "setpgid": [Refuse(1, "eq", judge_pgid)],
-        "ptrace": [Refuse()],
-        "process_vm_readv": [Refuse()],
-        "process_vm_writev": [Refuse()],
     }
 
 
@@ -81,7 +92,7 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def filter_program(judge_pid: int, judge_pgid: int, machine: str | None = None) -> bytes:
+def filter_program(judge_pid: int | None, judge_pgid: int | None, machine: str | None = None) -> bytes:
     """The compiled filter. Layout: the ABI check, one jump per guarded call to its block, `allow`; each block
     loads the arguments its conditions test and jumps to the final `refuse` on a match, else allows."""
     machine = machine or platform.machine()
@@ -139,11 +150,17 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def fence_off_judge() -> None:
+PARENT = -2
+"""`fence_off_judge`'s default judge: the caller's parent"""
+
+
+def fence_off_judge(judge_pid: int | None = PARENT) -> None:
     """In the freshly forked runner (one thread): leave the judge's process group, then install the filter
-    against the judge, its parent."""
-    judge_pid = os.getppid()
-    judge_pgid = os.getpgid(judge_pid)
+    against the judge (`judge_pid`, by default the caller's parent; None where the runner has a pid namespace of
+    its own and no judge can be named)."""
+    if judge_pid == PARENT:
+        judge_pid = os.getppid()
+    judge_pgid = os.getpgid(judge_pid) if judge_pid is not None else None
     os.setpgid(0, 0)
     program = filter_program(judge_pid, judge_pgid)
     count = len(program) // 8

@@ -76,6 +76,27 @@ class Prepare(BaseModel):
     cast_to: Literal["float32", "float16", "bfloat16"] | None = Field(
         None, description="cast both models to this dtype (KernelBench's precision option)"
     )
+    train: TrainBuffers | None = Field(
+        None, description="training mode: forwards keep their graph for a `Backward`; None: forwards alone"
+    )
+
+
+class TrainBuffers(BaseModel):
+    """Training mode's buffers for one shape: which gradients the runner hands back, and where.
+
+    The judge writes a call's upstream gradient (the gradient of each output) into `upstream[slot]` only once the
+    forward of that call has answered: the candidate's forward never sees it."""
+
+    inputs_with_grad: list[int] = Field(description="positions of forward's arguments whose gradient is checked")
+    parameters_with_grad: list[str] = Field(description="the reference's parameters whose gradient is checked")
+    gradient_names: list[str] = Field(description="each checked gradient's name, inputs then parameters")
+    outputs_with_grad: list[int] = Field(description="positions of the outputs a gradient flows back from")
+    upstream: list[list[SharedTensor]] = Field(
+        description="per output slot: the gradient of each output in `outputs_with_grad`"
+    )
+    gradient_slots: list[list[SharedTensor]] = Field(
+        description="per output slot: the gradient of each input in `inputs_with_grad`, then of each parameter"
+    )
 
 
 NVTX_RANGE = "kernelloop_forward"
@@ -95,11 +116,21 @@ class Call(BaseModel):
     )
 
 
+class Backward(BaseModel):
+    """Training mode: the backward of the last forward into slot `slot`, from the upstream gradient the judge has
+    written since, its gradients copied into the slot's gradient buffers; when `timed`, time it."""
+
+    kind: Literal["backward"] = "backward"
+    slot: int
+    timed: bool
+    mark: str = Field("", description="the judge's token for the mark that ends the call, through the dispatcher")
+
+
 class Finish(BaseModel):
     kind: Literal["finish"] = "finish"
 
 
-Request = Annotated[Start | Load | Prepare | Call | Finish, Field(discriminator="kind")]
+Request = Annotated[Start | Load | Prepare | Call | Backward | Finish, Field(discriminator="kind")]
 
 
 class RequestEnvelope(BaseModel):

@@ -30,6 +30,7 @@ from kernelloop.tools.runner import candidate, gpu_clock, guard, library_fence, 
 from kernelloop.tools.runner.channel import Channel, ChannelBroken
 from kernelloop.tools.runner.messages import (
     NVTX_RANGE,
+    Backward,
     Call,
     Called,
     Finish,
@@ -43,6 +44,7 @@ from kernelloop.tools.runner.messages import (
     RequestEnvelope,
     Start,
     Started,
+    TrainBuffers,
 )
 from kernelloop.tools.runner.shared_tensors import open_shared
 
@@ -83,6 +85,7 @@ class Runner:
         self.model: torch.nn.Module | None = None
         self.input_sets: list[list[Any]] = []
         self.output_slots: list[list[torch.Tensor]] = []
+        self.train: Training | None = None
         self.wants_gpu = False
         self.reset_l2: Callable[[], None] = lambda: None
         self.launch_overhead_ms = 0.0
@@ -179,6 +182,7 @@ class Runner:
     def prepare(self, request: Prepare, fds: list[int]) -> Prepared:
         assert self.problem_module is not None
         self.model = self.input_sets = self.output_slots = None  # type: ignore[assignment]
+        self.train = None
         cast = getattr(torch, request.cast_to) if request.cast_to else None
         reference = candidate.build_model(
             self.problem_module.Model, request.shape.init_inputs, self.device, request.init_seed
@@ -210,6 +214,10 @@ class Runner:
             for arguments in request.input_sets
         ]
         self.output_slots = [[open_shared(s, fds, self.device) for s in slot] for slot in request.output_slots]
+        self.train = None
+        if request.train is not None:
+            pairs = dict(candidate.matched_tensors(layout, self.model)) if request.model == "candidate" else None
+            self.train = Training(request.train, fds, self.device, self.input_sets, self.model, pairs)
         return Prepared(parameter_mapping=mapping)
 
     # ---- call ------------------------------------------------------------------------------------------
@@ -221,8 +229,10 @@ class Runner:
         model, arguments = self.model, self.input_sets[request.input_set]
         gpu = self.device.type == "cuda"
         elapsed = None
+        if self.train is not None:
+            self.train.clear_gradients()
         try:
-            with torch.no_grad():
+            with torch.no_grad() if self.train is None else torch.enable_grad():
                 if request.timed and gpu:  # the judge flushed L2 just before asking (the flush is out of reach here)
                     self.reset_l2()
                     measured, output = gpu_clock.bracketed_ms(lambda: model(*arguments))
@@ -242,10 +252,113 @@ class Runner:
                         _synchronize()
         except Exception as exc:
             return Called(error=f"forward raised {_error_text(exc)}")
-        problem = _copy_out(output, self.output_slots[request.slot])
+        if self.train is not None:
+            self.train.pending[request.slot] = (request.input_set, output)
+        with torch.no_grad():
+            problem = _copy_out(output, self.output_slots[request.slot])
         if gpu:
             _synchronize()
         return Called(output_problem=problem, elapsed_ms=elapsed)
+
+    def backward(self, request: Backward) -> Called:
+        """Training mode: the backward of slot `request.slot`'s last forward, from the upstream gradient the judge
+        wrote after that forward answered, its gradients copied into the slot's buffers."""
+        if self.train is None or request.slot not in self.train.pending:
+            return Called(error="backward raised nothing to run: no forward in training mode filled this slot")
+        gpu = self.device.type == "cuda"
+        input_set, output = self.train.pending.pop(request.slot)
+        outputs = [output] if isinstance(output, torch.Tensor) else list(output)
+        upstream = self.train.upstream[request.slot]
+        flowing = []
+        for position, gradient in zip(self.train.plan.outputs_with_grad, upstream):
+            got = outputs[position] if position < len(outputs) else None
+            if not isinstance(got, torch.Tensor) or not got.requires_grad:
+                return Called(
+                    output_problem=f"output {position} carries no gradient: ModelNew's forward detached it from its "
+                    "inputs and parameters (a training-mode forward must be differentiable)"
+                )
+            flowing.append((got, gradient))
+        elapsed = None
+
+        def run() -> None:
+            torch.autograd.backward([o for o, _ in flowing], [g for _, g in flowing])
+
+        try:
+            if request.timed and gpu:
+                self.reset_l2()
+                measured, _ = gpu_clock.bracketed_ms(run)
+                elapsed = max(measured - self.launch_overhead_ms, 0.0)
+            elif request.timed:
+                started = _perf_counter()
+                run()
+                elapsed = (_perf_counter() - started) * 1e3
+            else:
+                run()
+                if gpu:
+                    _synchronize()
+        except Exception as exc:  # autograd names a wrong gradient by its position: the names and shapes go with it
+            return Called(error=f"backward raised {_error_text(exc)} ({self.train.expected_gradients()})")
+        with torch.no_grad():
+            problem = self.train.copy_gradients(self.input_sets[input_set], request.slot)
+        self.train.clear_gradients()
+        if gpu:
+            _synchronize()
+        return Called(output_problem=problem, elapsed_ms=elapsed)
+
+
+class Training:
+    """Training mode's side in the runner for one shape: the inputs that carry a gradient, the model's tensors whose
+    gradients are handed back (the candidate's, matched to the reference's by name, else by order and shape), the
+    upstream and gradient buffers, and each slot's forward waiting for its backward."""
+
+    def __init__(
+        self,
+        plan: TrainBuffers,
+        fds: list[int],
+        device: torch.device,
+        input_sets: list[list[Any]],
+        model: torch.nn.Module,
+        pairs: dict[str, str] | None,
+    ):
+        """`pairs`: reference name to the candidate's, or None where the model is the reference itself."""
+        self.plan, self.model, self.input_sets = plan, model, input_sets
+        self.upstream = [[open_shared(s, fds, device) for s in slot] for slot in plan.upstream]
+        self.gradient_slots = [[open_shared(s, fds, device) for s in slot] for slot in plan.gradient_slots]
+        state = candidate.state_tensors(model)
+        names = {name: name for name in plan.parameters_with_grad} if pairs is None else pairs
+        self.parameters = [state.get(names.get(name, "")) for name in plan.parameters_with_grad]
+        self.pending: dict[int, tuple[int, Any]] = {}
+        for arguments in input_sets:
+            for position in plan.inputs_with_grad:
+                arguments[position].requires_grad_(True)
+
+    def clear_gradients(self) -> None:
+        """No gradient survives a call: autograd would add the next one to it."""
+        for arguments in self.input_sets:
+            for position in self.plan.inputs_with_grad:
+                arguments[position].grad = None
+        for tensor in [*self.model.parameters(), *(t for t in self.parameters if t is not None)]:
+            tensor.grad = None
+
+    def expected_gradients(self) -> str:
+        """The gradients asked for, each by its name and shape: what a backward that raised was to give."""
+        shapes = [tuple(buffer.shape) for buffer in self.gradient_slots[0]] if self.gradient_slots else []
+        return "the gradients asked for: " + ", ".join(f"{n} {s}" for n, s in zip(self.plan.gradient_names, shapes))
+
+    def copy_gradients(self, arguments: list[Any], slot: int) -> str | None:
+        """Copy the gradients into the slot's buffers; why one cannot go there (none, a shape or a dtype), if so."""
+        gradients = [arguments[p].grad for p in self.plan.inputs_with_grad]
+        gradients += [t.grad if t is not None else None for t in self.parameters]
+        for name, got, buffer in zip(self.plan.gradient_names, gradients, self.gradient_slots[slot]):
+            if got is None:
+                return f"{name}: ModelNew's backward gave none (each input and parameter of the reference's needs one)"
+            if type(got) is not torch.Tensor:
+                return f"{name} is a {type(got).__name__}, not a plain torch.Tensor"
+            for what, a, b in (("shape", tuple(got.shape), tuple(buffer.shape)), ("dtype", got.dtype, buffer.dtype)):
+                if a != b:
+                    return f"{name}: {what} {a}, expected {b}"
+            buffer.copy_(got)
+        return None
 
 
 def serve(runner: Runner, channel: Channel) -> None:
@@ -263,13 +376,15 @@ def serve(runner: Runner, channel: Channel) -> None:
             reply = runner.prepare(request, fds)
         elif isinstance(request, Call):
             reply = runner.call(request)
+        elif isinstance(request, Backward):
+            reply = runner.backward(request)
         else:
             assert isinstance(request, Finish)
             reply = Finished()
         for fd in fds:
             os.close(fd)
         channel.send(ReplyEnvelope(reply=reply))
-        if isinstance(request, Call) and request.mark:  # after the answer: the judge's clock has stopped
+        if isinstance(request, (Call, Backward)) and request.mark:  # after the answer: the judge's clock has stopped
             observer.mark(request.mark)
         if isinstance(request, Finish):
             return

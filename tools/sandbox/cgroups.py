@@ -63,6 +63,20 @@ class JobCgroup:
                     return True
         return False
 
+    def memory_cap_reached(self) -> bool:
+        """Whether the job's own memory cap made the kernel's OOM killer act inside it (v2 `memory.events` count of
+        `oom`; v1 `memory.oom_control`'s `oom_kill`): a worker killed so was stopped by the sandbox's limit, not from
+        outside (a host-wide OOM kill counts only as `oom_kill` on v2)."""
+        for directory in self.dirs:
+            for name, counter in (("memory.events", "oom"), ("memory.oom_control", "oom_kill")):
+                try:
+                    lines = (directory / name).read_text().splitlines()
+                except OSError:
+                    continue
+                if any(line.split()[:1] == [counter] and line.split()[1:2] != ["0"] for line in lines):
+                    return True
+        return False
+
     def kill_and_remove(self) -> None:
         """Kill whatever is still inside (a leftover of the job), then remove the cgroup (its freezer first: a cgroup
         with a child cannot be removed)."""

@@ -130,7 +130,7 @@ def _prove(settings: SandboxSettings) -> Isolation:
         stderr = done.stderr.decode(errors="replace").strip()[-500:]
         raise SandboxUnavailable(f"bubblewrap does not start a sandbox here ({stderr}): {fix}") from None
     problems = [
-        *(["the worker keeps capabilities"] if seen["cap_eff"] else []),
+        *(["the worker keeps capabilities"] if seen["cap_eff"] & ~(1 << view.JUDGE_CAPABILITY_BIT) else []),
         *(["the worker runs as root"] if seen["uid"] == 0 else []),
         *(["/ is writable"] if seen["root_writable"] else []),
         *[f"{path} is readable" for path in seen["seen"]],
@@ -346,12 +346,15 @@ class StartedWorker:
         limits = LimitWatch(self.settings, self.cgroup, self.job_dir, watch)
         timed_out, killed_for = _wait(proc, started + timeout_s, limits)
         capped_by_cgroup = self.cgroup is not None
+        memory_capped = self.cgroup is not None and self.cgroup.memory_cap_reached()
         self.discard()
         for thread in (*self.readers, messages, feeder):
             thread.join(timeout=10)
         code = proc.returncode
         if self.isolation == "bubblewrap" and code is not None and code > 128 and code - 128 in signal.valid_signals():
             code = 128 - code  # bwrap reports its child's death by signal N as exit status 128+N
+        if killed_for is None and memory_capped and code == -signal.SIGKILL:  # the cap's OOM kill: the sandbox's own
+            killed_for = "its memory cap (KERNELLOOP_MAX_MEMORY_BYTES): the kernel's OOM killer ended the worker"
         return SandboxReport(
             isolation=self.isolation,
             wall_seconds=round(time.monotonic() - started, 3),

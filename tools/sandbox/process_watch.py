@@ -2,8 +2,8 @@
 
 RLIMIT_NPROC does not bind root (the kernel exempts it), and a job of a service run as root is root
 outside its user namespace. Without a pids cgroup, a fork bomb is stopped here instead: the job's
-processes are those in its pid namespace, the one its bubblewrap parent created; when they pass the
-limit, the caller kills the job (and with its namespace, all of them).
+processes are those in its pid namespace, the one its bubblewrap parent created, and their descendants (in
+namespaces of their own); when they pass the limit, the caller kills the job (and with its namespace, all of them).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class ProcessWatch:
         self.namespace: str | None = None
 
     def count(self) -> int:
-        """How many processes the job has now (0 until its namespace exists)."""
+        """How many processes the job has now (0 until its namespace exists): those of its namespace and every
+        process below them, in namespaces of their own (the judge's runner has one) included."""
         pids = [p for p in os.listdir(PROC) if p.isdigit()]
         if self.namespace is None:
             for pid in pids:
@@ -45,4 +46,17 @@ class ProcessWatch:
                     break
             else:
                 return 0
-        return sum(1 for pid in pids if _namespace(pid) == self.namespace)
+        children: dict[int, list[int]] = {}
+        job = []
+        for pid in pids:
+            if (parent := _parent(pid)) is not None:
+                children.setdefault(parent, []).append(int(pid))
+            if _namespace(pid) == self.namespace:
+                job.append(int(pid))
+        counted, frontier = set(job), list(job)
+        while frontier:
+            for child in children.get(frontier.pop(), []):
+                if child not in counted:
+                    counted.add(child)
+                    frontier.append(child)
+        return len(counted)

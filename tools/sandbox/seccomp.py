@@ -2,9 +2,11 @@
 
 It refuses (EPERM) the system calls a kernel build, a Python interpreter and a CUDA program never need and
 an escape always does: mounts and namespaces, tracing other processes, kernel keyrings, BPF, module and
-kexec loading, io_uring, handles that bypass path checks. Every other call is allowed: the namespaces,
-the read-only view and the dropped capabilities do the rest. A call from another ABI (32-bit x86, x32) is
-refused outright, so a number from another table cannot slip past the list.
+kexec loading, io_uring, handles that bypass path checks. `unshare` is refused but for one use, a new pid
+namespace for the caller's children: it takes a capability that only the judge holds, and only at its start
+(`kernelloop.tools.judge.capabilities`). Every other call is allowed: the namespaces, the read-only view and the
+dropped capabilities do the rest. A call from another ABI (32-bit x86, x32) is refused outright, so a number from
+another table cannot slip past the list.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ X32_SYSCALL_BIT = 0x40000000
 # classic BPF opcodes and seccomp return values (linux/filter.h, linux/seccomp.h)
 LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
 RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
-OFFSET_NR, OFFSET_ARCH = 0, 4  # struct seccomp_data
+OFFSET_NR, OFFSET_ARCH, OFFSET_ARGS = 0, 4, 16  # struct seccomp_data: the first argument's low word, then its high
+CLONE_NEWPID = 0x20000000
+REFUSE = -1
 
 
 class SeccompUnsupported(RuntimeError):
@@ -66,18 +70,37 @@ def filter_program(machine: str | None = None) -> bytes:
     machine = machine or platform.machine()
     if machine not in SYSCALLS:
         raise SeccompUnsupported(f"no seccomp filter for the {machine} architecture (known: {', '.join(SYSCALLS)})")
-    numbers = sorted({SYSCALLS[machine][name] for name in REFUSED})
-    refuse = _insn(RET_K, 0, 0, RET_ERRNO | errno.EPERM)
-    body = [_insn(LD_W_ABS, 0, 0, OFFSET_NR)]
+    unshare = SYSCALLS[machine]["unshare"]
+    numbers = sorted({SYSCALLS[machine][name] for name in REFUSED} - {unshare})
+    # (code, jt, jf, k), a jump of REFUSE going to the final `refuse`
+    program: list[tuple[int, int, int, int]] = [(LD_W_ABS, 0, 0, OFFSET_NR)]
     if machine == "x86_64":  # x32 calls share the arch value and set this bit: refuse them all
-        body.append(_insn(JGE_K, len(numbers) + 1, 0, X32_SYSCALL_BIT))
-    for index, number in enumerate(numbers):  # jump to the final `refuse` on a match
-        body.append(_insn(JEQ_K, len(numbers) - index, 0, number))
-    body.append(_insn(RET_K, 0, 0, RET_ALLOW))
-    body.append(refuse)
+        program.append((JGE_K, REFUSE, 0, X32_SYSCALL_BIT))
+    program += [(JEQ_K, REFUSE, 0, number) for number in numbers]
+    # unshare: a pid namespace for the children alone (the judge's runner, `capabilities`), nothing else
+    program += [
+        (JEQ_K, 1, 0, unshare),
+        (RET_K, 0, 0, RET_ALLOW),  # every call not refused above
+        (LD_W_ABS, 0, 0, OFFSET_ARGS),
+        (JEQ_K, 0, REFUSE, CLONE_NEWPID),
+        (LD_W_ABS, 0, 0, OFFSET_ARGS + 4),
+        (JEQ_K, 0, REFUSE, 0),
+        (RET_K, 0, 0, RET_ALLOW),
+    ]
+    refuse_at = len(program)
+    body = [
+        _insn(code, _to(jt, index, refuse_at), _to(jf, index, refuse_at), k)
+        for index, (code, jt, jf, k) in enumerate(program)
+    ]
+    body.append(_insn(RET_K, 0, 0, RET_ERRNO | errno.EPERM))
     head = [
         _insn(LD_W_ABS, 0, 0, OFFSET_ARCH),
         _insn(JEQ_K, 1, 0, AUDIT_ARCH[machine]),  # another ABI (e.g. int 0x80): kill
         _insn(RET_K, 0, 0, RET_KILL_PROCESS),
     ]
     return b"".join(head + body)
+
+
+def _to(jump: int, index: int, refuse_at: int) -> int:
+    """A jump's offset: as given, or from instruction `index` to the final `refuse`."""
+    return refuse_at - index - 1 if jump == REFUSE else jump

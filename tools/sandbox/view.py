@@ -22,6 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SANDBOX_UID = 65534  # nobody, inside the sandbox's user namespace
+JUDGE_CAPABILITY, JUDGE_CAPABILITY_BIT = "CAP_SYS_ADMIN", 21
+"""the one capability the worker starts with, in the sandbox's user namespace alone: the judge's, for one call at its
+start (a pid namespace of its runner's own, `kernelloop.tools.judge.capabilities`); it passes it to no program and
+then drops it"""
 BUILD_MOUNT = Path("/kernelloop-build")  # the job's build folder, as the worker sees it
 HEADERS_MOUNT = Path("/kernelloop-headers")  # the toolchain's precompiled headers (tools/compilation/header_cache.py)
 OBSERVER_MOUNT = Path("/kernelloop-observer")  # the operator observer (tools/compilation/observer_library.py)
@@ -151,7 +155,8 @@ def bubblewrap_argv(
 ) -> list[str]:
     """The `bwrap ... --` prefix that runs a command in the worker's world."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID)]
-    argv += ["--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--new-session", "--die-with-parent"]
+    argv += ["--gid", str(SANDBOX_UID), "--cap-drop", "ALL", "--cap-add", JUDGE_CAPABILITY]
+    argv += ["--new-session", "--die-with-parent"]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]  # first: binds may go below

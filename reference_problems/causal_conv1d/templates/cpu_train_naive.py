@@ -8,12 +8,19 @@ The backward of that sum, given the upstream gradient gy of y's shape:
     grad_x[b, c, s]    = sum over o, k of gy[b, o, s - k*d + (K-1)*d] * w[o, c, k]   (an index past L reads 0)
 
 Every loop nest keeps time innermost, over contiguous rows, with the causal bounds hoisted out of it, so the
-compiler vectorizes it. A `torch.autograd.Function` binds them: the forward saves x and w, the backward
-returns fresh tensors (nothing kept across calls) for the inputs that need one. MODES lists only train, so a
-forward search does not visit it. PARAMS is rewritten textually by a search; PARAM_SPACE lists the choices.
+compiler vectorizes it (at -O3, for the baseline ISA or with -march=native). Each kernel splits its outer rows over
+OpenMP threads (THREADS): the forward its (batch, output channel) rows, the input gradient its (batch, input
+channel) rows, the weight gradient its (output, input channel) pairs, the bias gradient its output channels;
+no two threads write one element, so no sum is shared. The weight and bias gradients' sums over time are
+reductions the compiler vectorizes only when told their order may change (SIMD_SUMS: `omp simd reduction`).
+A `torch.autograd.Function` binds them: the forward saves x and w, the backward returns fresh tensors (nothing
+kept across calls) for the inputs that need one. MODES lists only train, so a forward search does not visit
+it; a training search starts from it at its defaults (one thread, -O2, the baseline ISA, sums in order) and
+tunes it. PARAMS is rewritten textually by a search; PARAM_SPACE lists
+the choices.
 
-Builds fast: the C++ part includes only pybind11 (no torch headers, `no_implicit_headers=True`), and takes raw
-pointers; Python allocates every result and checks dtypes and layouts.
+Builds fast: the C++ part includes only pybind11 and <omp.h> (no torch headers, `no_implicit_headers=True`), and
+takes raw pointers; Python allocates every result and checks dtypes and layouts.
 """
 
 import math
@@ -22,18 +29,31 @@ import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
-PARAMS = {"OPT": 2}
+PARAMS = {"OPT": 2, "THREADS": 1, "ARCH": "generic", "SIMD_SUMS": 0}
 PARAM_SPACE = {
     "OPT": [1, 2, 3],  # -O level: -O3 vectorizes the time loops
+    "THREADS": [1, 0],  # OpenMP threads; 0: every core OpenMP sees
+    "ARCH": ["generic", "native"],  # the compiler's baseline ISA or -march=native
+    "SIMD_SUMS": [0, 1],  # the weight and bias gradients' sums over time as `omp simd` reductions (reordered)
 }
 MODES = ["train"]
 
 CPP_SRC = r"""
 #include <pybind11/pybind11.h>
+#include <omp.h>
 #include <algorithm>
 #include <cstdint>
 
 using ptr = std::uintptr_t;
+
+static int threads() { return KL_THREADS > 0 ? KL_THREADS : omp_get_max_threads(); }
+
+// a float sum over time is not vectorized unless its order may change: SIMD_SUMS lets it, per row
+#if KL_SIMD_SUMS
+#define KL_SUM_LOOP _Pragma("omp simd reduction(+ : partial)")
+#else
+#define KL_SUM_LOOP
+#endif
 
 // y[b, o, t] for t in [0, L): rows of x shifted right by (K-1-k)*dil
 static void forward(ptr x_ptr, ptr w_ptr, ptr bias_ptr, ptr y_ptr,
@@ -42,20 +62,21 @@ static void forward(ptr x_ptr, ptr w_ptr, ptr bias_ptr, ptr y_ptr,
     const float* w = reinterpret_cast<const float*>(w_ptr);
     const float* bias = reinterpret_cast<const float*>(bias_ptr);
     float* y = reinterpret_cast<float*>(y_ptr);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t o = 0; o < Cout; ++o) {
-            float* yr = y + (b * Cout + o) * L;
-            const float start = bias ? bias[o] : 0.0f;
-            for (int64_t t = 0; t < L; ++t) yr[t] = start;
-            for (int64_t c = 0; c < Cin; ++c) {
-                const float* xr = x + (b * Cin + c) * L;
-                for (int64_t k = 0; k < K; ++k) {
-                    const int64_t shift = (K - 1 - k) * dil;  // y[t] reads x[t - shift]
-                    const float wk = w[(o * Cin + c) * K + k];
-                    for (int64_t t = shift; t < L; ++t) yr[t] += wk * xr[t - shift];
-                }
+#pragma omp parallel for num_threads(threads()) schedule(static)
+    for (int64_t row = 0; row < B * Cout; ++row) {
+        const int64_t b = row / Cout, o = row % Cout;
+        float* yr = y + (b * Cout + o) * L;
+        const float start = bias ? bias[o] : 0.0f;
+        for (int64_t t = 0; t < L; ++t) yr[t] = start;
+        for (int64_t c = 0; c < Cin; ++c) {
+            const float* xr = x + (b * Cin + c) * L;
+            for (int64_t k = 0; k < K; ++k) {
+                const int64_t shift = (K - 1 - k) * dil;  // y[t] reads x[t - shift]
+                const float wk = w[(o * Cin + c) * K + k];
+                for (int64_t t = shift; t < L; ++t) yr[t] += wk * xr[t - shift];
             }
         }
+    }
 }
 
 // grad_x[b, c, s] = sum over o, k of w[o, c, k] * gy[b, o, s + shift], s + shift < L
@@ -64,19 +85,20 @@ static void grad_input(ptr gy_ptr, ptr w_ptr, ptr gx_ptr,
     const float* gy = reinterpret_cast<const float*>(gy_ptr);
     const float* w = reinterpret_cast<const float*>(w_ptr);
     float* gx = reinterpret_cast<float*>(gx_ptr);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t c = 0; c < Cin; ++c) {
-            float* gxr = gx + (b * Cin + c) * L;
-            for (int64_t s = 0; s < L; ++s) gxr[s] = 0.0f;
-            for (int64_t o = 0; o < Cout; ++o) {
-                const float* gyr = gy + (b * Cout + o) * L;
-                for (int64_t k = 0; k < K; ++k) {
-                    const int64_t shift = (K - 1 - k) * dil;
-                    const float wk = w[(o * Cin + c) * K + k];
-                    for (int64_t s = 0; s + shift < L; ++s) gxr[s] += wk * gyr[s + shift];
-                }
+#pragma omp parallel for num_threads(threads()) schedule(static)
+    for (int64_t row = 0; row < B * Cin; ++row) {
+        const int64_t b = row / Cin, c = row % Cin;
+        float* gxr = gx + (b * Cin + c) * L;
+        for (int64_t s = 0; s < L; ++s) gxr[s] = 0.0f;
+        for (int64_t o = 0; o < Cout; ++o) {
+            const float* gyr = gy + (b * Cout + o) * L;
+            for (int64_t k = 0; k < K; ++k) {
+                const int64_t shift = (K - 1 - k) * dil;
+                const float wk = w[(o * Cin + c) * K + k];
+                for (int64_t s = 0; s + shift < L; ++s) gxr[s] += wk * gyr[s + shift];
             }
         }
+    }
 }
 
 // grad_w[o, c, k] = sum over b, t of gy[b, o, t] * x[b, c, t - shift], accumulated in double per tap
@@ -85,31 +107,36 @@ static void grad_weight(ptr gy_ptr, ptr x_ptr, ptr gw_ptr,
     const float* gy = reinterpret_cast<const float*>(gy_ptr);
     const float* x = reinterpret_cast<const float*>(x_ptr);
     float* gw = reinterpret_cast<float*>(gw_ptr);
-    for (int64_t o = 0; o < Cout; ++o)
-        for (int64_t c = 0; c < Cin; ++c)
-            for (int64_t k = 0; k < K; ++k) {
-                const int64_t shift = (K - 1 - k) * dil;
-                double acc = 0.0;
-                for (int64_t b = 0; b < B; ++b) {
-                    const float* gyr = gy + (b * Cout + o) * L;
-                    const float* xr = x + (b * Cin + c) * L;
-                    float partial = 0.0f;
-                    for (int64_t t = shift; t < L; ++t) partial += gyr[t] * xr[t - shift];
-                    acc += partial;
-                }
-                gw[(o * Cin + c) * K + k] = static_cast<float>(acc);
+#pragma omp parallel for num_threads(threads()) schedule(static)
+    for (int64_t pair = 0; pair < Cout * Cin; ++pair) {
+        const int64_t o = pair / Cin, c = pair % Cin;
+        for (int64_t k = 0; k < K; ++k) {
+            const int64_t shift = (K - 1 - k) * dil;
+            double acc = 0.0;
+            for (int64_t b = 0; b < B; ++b) {
+                const float* gyr = gy + (b * Cout + o) * L;
+                const float* xr = x + (b * Cin + c) * L;
+                float partial = 0.0f;
+                KL_SUM_LOOP
+                for (int64_t t = shift; t < L; ++t) partial += gyr[t] * xr[t - shift];
+                acc += partial;
             }
+            gw[(o * Cin + c) * K + k] = static_cast<float>(acc);
+        }
+    }
 }
 
 // grad_bias[o] = sum over b, t of gy[b, o, t]
 static void grad_bias(ptr gy_ptr, ptr gb_ptr, int64_t B, int64_t Cout, int64_t L) {
     const float* gy = reinterpret_cast<const float*>(gy_ptr);
     float* gb = reinterpret_cast<float*>(gb_ptr);
+#pragma omp parallel for num_threads(threads()) schedule(static)
     for (int64_t o = 0; o < Cout; ++o) {
         double acc = 0.0;
         for (int64_t b = 0; b < B; ++b) {
             const float* gyr = gy + (b * Cout + o) * L;
             float partial = 0.0f;
+            KL_SUM_LOOP
             for (int64_t t = 0; t < L; ++t) partial += gyr[t];
             acc += partial;
         }
@@ -132,11 +159,20 @@ def _extension_name() -> str:
     return f"kl_cpu_train_naive_{tag}".lower()
 
 
+_cflags = [
+    f"-O{PARAMS['OPT']}",
+    "-fopenmp",
+    f"-DKL_THREADS={PARAMS['THREADS']}",
+    f"-DKL_SIMD_SUMS={PARAMS['SIMD_SUMS']}",
+]
+if PARAMS["ARCH"] == "native":
+    _cflags.append("-march=native")
 _ext = load_inline(
     name=_extension_name(),
     cpp_sources=CPP_SRC,
     no_implicit_headers=True,
-    extra_cflags=[f"-O{PARAMS['OPT']}"],
+    extra_cflags=_cflags,
+    extra_ldflags=["-fopenmp"],
     verbose=False,
 )
 

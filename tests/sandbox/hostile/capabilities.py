@@ -1,4 +1,4 @@
-# Capability use: remount / read-write, unmount /proc, mount a new proc, a new user namespace, ptrace, write /.
+# Capability use: remount / read-write, unmount /proc, mount a new proc, a new pid or user namespace, ptrace, write /.
 import ctypes
 import subprocess
 
@@ -20,10 +20,12 @@ def run(argv):
 
 with open("/proc/self/status") as status:
     fields = dict(line.split(":", 1) for line in status if ":" in line)
-reached(f"uid {os.getuid()}, effective capabilities {fields['CapEff'].strip()}")
+held = ", ".join(f"{name} {fields[name].strip()}" for name in ("CapEff", "CapPrm", "CapInh", "CapAmb"))
+reached(f"uid {os.getuid()}, capabilities {held}")
 attempt("remount_root_rw", lambda: syscall_ok(libc.mount(b"none", b"/", None, 0x20 | 0x1000, None)))  # REMOUNT|BIND
 attempt("umount_proc", lambda: syscall_ok(libc.umount2(b"/proc", 2)))  # MNT_DETACH
 attempt("mount_proc", lambda: syscall_ok(libc.mount(b"proc", b"/tmp", b"proc", 0, None)))
+attempt("new_pid_namespace", lambda: syscall_ok(libc.unshare(0x20000000)))  # CLONE_NEWPID: the judge's one use
 attempt("new_user_namespace", lambda: run(["unshare", "--user", "--map-root-user", "true"]))
 attempt("ptrace_attach_init", lambda: syscall_ok(libc.ptrace(16, 1, None, None)))  # PTRACE_ATTACH
 attempt("write_root", lambda: open("/kernelloop-escape", "w").write("x"))

@@ -1,11 +1,9 @@
-# Killing the parent: the judge (its parent, which the runner's seccomp filter keeps out of its reach), the
+# Killing the parent: the judge (its parent, which has no number in the runner's pid namespace), the
 # service by its pid (in its pid namespace it sees none), everything it may signal (kill -1).
 import signal
 
-judge = os.getppid()
-with open(f"/proc/{judge}/cmdline", "rb") as cmdline:
-    if b"kernelloop.tools.judge.worker" in cmdline.read():
-        reached(f"found the judge, pid {judge}")
+judge = the_judge()
+reached(f"found the judge, pid {judge}")
 attempt("kill_judge", lambda: os.kill(judge, signal.SIGKILL) or "sent")
 attempt("kill_service_pid", lambda: os.kill(__SERVICE_PID__, signal.SIGKILL) or "sent")
 attempt("kill_everything", lambda: os.kill(-1, signal.SIGKILL) or "sent")
