@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from server_fixtures import passed_benchmark, passed_test
-from sqlalchemy import event, inspect, text
+from sqlalchemy import event, inspect, make_url, text
 from sqlmodel import Session, SQLModel, select
 
 from kernelloop.contract import (
@@ -48,6 +48,18 @@ from kernelloop.tools.results import (
 # Set KERNELLOOP_TEST_DATABASE_URL (e.g. postgresql+psycopg://kl@127.0.0.1:5432/kltest, an empty database the
 # tests may wipe) to run the history and queue tests on that database too.
 OTHER_DATABASE = os.environ.get("KERNELLOOP_TEST_DATABASE_URL")
+WIPE_LOCK_TIMEOUT_S = 60
+
+
+def _worker_schema(url: str) -> str:
+    """The database's URL with a schema of this test process's own first on its search path: the test processes
+    (pytest-xdist) share one database, and one's wipe must not drop the tables another is using."""
+    schema = "kl_" + os.environ.get("PYTEST_XDIST_WORKER", "main")
+    admin = create_db_engine(url)
+    with admin.begin() as connection:
+        connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {schema}"))
+    admin.dispose()
+    return make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
 
 
 @pytest.fixture(params=["sqlite", "other"])
@@ -55,9 +67,11 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path):
     if request.param == "sqlite":
         url = database_url(str(tmp_path / "kl.sqlite3"))
     elif OTHER_DATABASE:
-        url = OTHER_DATABASE
+        url = _worker_schema(OTHER_DATABASE)
         wipe = create_db_engine(url)
-        SQLModel.metadata.drop_all(wipe)
+        with wipe.begin() as connection:  # a connection left open elsewhere fails the wipe, it does not hang it
+            connection.execute(text(f"SET LOCAL lock_timeout = '{WIPE_LOCK_TIMEOUT_S}s'"))
+            SQLModel.metadata.drop_all(connection)
         wipe.dispose()
     else:
         pytest.skip("KERNELLOOP_TEST_DATABASE_URL is not set")
@@ -65,7 +79,11 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path):
     with Session(engine) as session:
         problems.sync_shipped(session)
     yield engine
+    left_open = engine.pool.checkedout()
     engine.dispose()
+    # a session used after its `with` holds a connection (and on PostgreSQL its locks) until the garbage collector
+    # finds it: the next test's wipe would wait on those locks
+    assert left_open == 0, f"the test left {left_open} database connection(s) checked out: close every session"
 
 
 def _problem(session: Session, name: str = "causal_conv1d"):
@@ -276,10 +294,10 @@ def test_a_retime_is_appended_and_the_speedup_is_the_median_of_the_full_timings(
         _record(session, only_narrowed.id, passed_test(backend="cuda"), narrowed)
         board = history.leaderboard(session, problem_id=problem_id)
         best = history.run_public(session, run)
+        taken = history.measurements(session, attempt.id)
     both = math.sqrt(2.0 * 1.5)  # the median of two: the geometric mean of the middle two
     assert retimed is not None and retimed.speedup == pytest.approx(both) and retimed.measurements == 2
     assert detail is not None and detail.speedup == pytest.approx(both) and detail.evaluations[-1].speedup == 9.0
-    taken = history.measurements(session, attempt.id)
     assert [(m.speedup, m.counted) for m in taken] == [(2.0, True), (1.5, True), (9.0, False)]
     assert taken[-1].not_counted.startswith("partial coverage: 1 of 5 benchmark shapes")
     assert detail.evaluations[-1].coverage.note == (  # type: ignore[union-attr]
