@@ -337,11 +337,13 @@ class ShapeBenchmark(BaseModel):
     )
     backward: Timing | None = Field(
         None,
-        description="training mode: the candidate's backward alone, as its runner timed it (the step, forward and "
-        "backward, is `candidate`)",
+        description="training mode: the candidate's backward alone with the copy of its gradients into the judge's "
+        "buffers, as its runner timed it (the step, forward and backward, is `candidate`)",
     )
     reference_backward: Timing | None = Field(
-        None, description="training mode: the reference's backward alone, timed by the judge within its steps"
+        None,
+        description="training mode: the reference's backward alone with the copy of its gradients into buffers "
+        "of the judge's, timed by the judge within its steps",
     )
     backward_speedup: float | None = Field(None, description="training mode: reference_backward / backward, medians")
     seeds: list[int] = Field(

@@ -2,7 +2,10 @@
 
 In training mode a timed step is the forward and the backward from a fresh upstream gradient (drawn each round,
 written where the runner reads it once its forward has answered), on both sides; every timed gradient is checked
-against the reference's, and each side's backward alone is reported beside the step.
+against the reference's, and each side's backward alone is reported beside the step. Each side's timed backward
+ends with its gradients delivered: the runner's copied into the judge's shared buffers, the judge's reference's into
+buffers of its own, so the copy (cold after the other side's round, and growing with the tensors) is timed alike on
+both sides rather than left in the runner's envelope outside its clock.
 
 The judge times what it trusts (the reference, torch.compile of it) itself; the candidate is timed by its
 runner, and that time is believed only within the judge's own wall clock around each call (the envelope, less
@@ -319,6 +322,9 @@ class _ShapeTiming:
         self.expected_gradients: dict[int, list[torch.Tensor]] = {}
         """training mode: the reference's gradients on each input set, from this round's trusted call"""
         self.last_backward_ms = 0.0
+        self.deliveries: dict[int, list[torch.Tensor]] = {}
+        """training mode: per input set, where a trusted step delivers its gradients, as the runner delivers its own
+        into the shared buffers (the copy is part of both sides' timed backward)"""
         self.model_seed = setup.model_seed
         self.trusted: dict[str, torch.nn.Module | Callable[..., Any]] = {"reference": self.reference}
         if session.step.options.compare_torch_compile and runner_model == "candidate":
@@ -405,14 +411,24 @@ class _ShapeTiming:
         parameters = dict(self.reference.named_parameters())
         for parameter in parameters.values():
             parameter.grad = None
+        leaves = [arguments[i] for i in plan.inputs] + [parameters[n] for n in plan.parameters]
+        if set_index not in self.deliveries:
+            self.deliveries[set_index] = [torch.empty_like(leaf, requires_grad=False) for leaf in leaves]
+        delivery = self.deliveries[set_index]
+
+        def backward_and_deliver() -> None:  # the runner copies its gradients into the judge's buffers in its step
+            torch.autograd.backward(flowing, upstream)
+            with torch.no_grad():
+                for buffer, leaf in zip(delivery, leaves):
+                    if leaf.grad is not None:
+                        buffer.copy_(leaf.grad)
+
         with torch.enable_grad():
             forward_ms, out = self.clock.time(lambda: model(*arguments), self.host_load)
             outputs = checking.flatten_outputs(out) or []
             flowing, upstream = [outputs[i] for i in plan.outputs], self.upstreams[set_index]
-            self.last_backward_ms, _ = self.clock.time(
-                lambda: torch.autograd.backward(flowing, upstream), self.host_load
-            )
-        gradients = [arguments[i].grad for i in plan.inputs] + [parameters[n].grad for n in plan.parameters]
+            self.last_backward_ms, _ = self.clock.time(backward_and_deliver, self.host_load)
+        gradients = [leaf.grad for leaf in leaves]
         for parameter in parameters.values():
             parameter.grad = None
         return forward_ms + self.last_backward_ms, (

@@ -266,11 +266,12 @@ class Runner:
         if self.train is None or request.slot not in self.train.pending:
             return Called(error="backward raised nothing to run: no forward in training mode filled this slot")
         gpu = self.device.type == "cuda"
-        input_set, output = self.train.pending.pop(request.slot)
+        train = self.train
+        input_set, output = train.pending.pop(request.slot)
         outputs = [output] if isinstance(output, torch.Tensor) else list(output)
-        upstream = self.train.upstream[request.slot]
+        upstream = train.upstream[request.slot]
         flowing = []
-        for position, gradient in zip(self.train.plan.outputs_with_grad, upstream):
+        for position, gradient in zip(train.plan.outputs_with_grad, upstream):
             got = outputs[position] if position < len(outputs) else None
             if not isinstance(got, torch.Tensor) or not got.requires_grad:
                 return Called(
@@ -279,9 +280,12 @@ class Runner:
                 )
             flowing.append((got, gradient))
         elapsed = None
+        delivered: list[str | None] = []
 
-        def run() -> None:
+        def run() -> None:  # the gradients' delivery is part of the step, as the judge's reference delivers its own
             torch.autograd.backward([o for o, _ in flowing], [g for _, g in flowing])
+            with torch.no_grad():
+                delivered.append(train.copy_gradients(self.input_sets[input_set], request.slot))
 
         try:
             if request.timed and gpu:
@@ -297,13 +301,11 @@ class Runner:
                 if gpu:
                     _synchronize()
         except Exception as exc:  # autograd names a wrong gradient by its position: the names and shapes go with it
-            return Called(error=f"backward raised {_error_text(exc)} ({self.train.expected_gradients()})")
-        with torch.no_grad():
-            problem = self.train.copy_gradients(self.input_sets[input_set], request.slot)
-        self.train.clear_gradients()
+            return Called(error=f"backward raised {_error_text(exc)} ({train.expected_gradients()})")
+        train.clear_gradients()
         if gpu:
             _synchronize()
-        return Called(output_problem=problem, elapsed_ms=elapsed)
+        return Called(output_problem=delivered[0] if delivered else None, elapsed_ms=elapsed)
 
 
 class Training:
