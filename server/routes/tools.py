@@ -11,9 +11,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from kernelloop.contract import TERMINAL_JOB_STATUSES, ErrorBody, JobPublic, RerunAnswer, SubmissionRequest
+from kernelloop.contract import (
+    TERMINAL_JOB_STATUSES,
+    DuelPublic,
+    DuelRequest,
+    ErrorBody,
+    JobPublic,
+    RerunAnswer,
+    SubmissionRequest,
+)
 from kernelloop.server import idempotency
 from kernelloop.server.auth import Credentials, MutationGuard
+from kernelloop.server.duel import launch, start_duel, wait_duel
 from kernelloop.server.rerun import rerun_answer, submit_rerun
 from kernelloop.server.routes.deps import AttemptId, ServiceDep
 from kernelloop.tools.phase_registry import TOOLS, JobPhase, ToolSpec
@@ -127,3 +136,35 @@ async def rerun(
     job, queued = await run_in_threadpool(submit_rerun, service, attempt_id, client)
     job = await _waited(service, job, wait, timeout_s, response)
     return await run_in_threadpool(rerun_answer, service, job, queued)
+
+
+@router.post(
+    "/attempts/{attempt_id}/duel",
+    response_model=DuelPublic,
+    responses={**ERRORS, 404: {"model": ErrorBody}, 202: {"model": DuelPublic, "description": "the duel is under way"}},
+    summary="duel",
+)
+async def duel(
+    attempt_id: AttemptId,
+    body: DuelRequest,
+    service: ServiceDep,
+    client: MutationGuard,
+    response: Response,
+    wait: Wait = True,
+    timeout_s: Timeout = None,
+) -> DuelPublic:
+    """Re-time the attempt (the challenger) and `incumbent_attempt_id` back to back in the same conditions, the order
+    alternating each round, until the rule of tools.duel has a verdict: confirmed (the challenger faster in every one
+    of 4 counted rounds: it then replaces the incumbent as the best wherever the best is decided), refuted, or
+    inconclusive. Every benchmark is appended to its attempt as a measurement. With wait=false, or past the wait
+    bound, a 202 with the duel as it stands: GET /v1/duels/{id} follows it."""
+    started = await run_in_threadpool(start_duel, service, attempt_id, body, client)
+    launch(service, started.id)
+    if not wait:
+        response.status_code = 202
+        return started
+    limit = min(timeout_s or service.settings.max_wait_s, service.settings.max_wait_s)
+    answer = await wait_duel(service, started.id, limit)
+    if answer.status == "running":
+        response.status_code = 202
+    return answer

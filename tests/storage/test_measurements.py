@@ -144,7 +144,8 @@ def test_the_ranking_rule_on_recorded_measurements() -> None:
 
 
 def as_v6_wrote_them(connection: Connection) -> None:
-    """The tables as v6 wrote them: no measurements, no interval, no run step, no run provenance."""
+    """The tables as v6 wrote them: no measurements, no interval, no run step, no run provenance (and no duels)."""
+    connection.execute(text("DROP TABLE duels"))
     connection.execute(text("DROP TABLE measurements"))
     for table, column in (
         ("attempts", "speedup_low"),
@@ -175,7 +176,7 @@ def test_the_upgrade_from_v6_makes_a_measurement_of_every_kept_benchmark(tmp_pat
     assert "run_step" in {c["name"] for c in inspect(engine).get_columns("jobs")}
     assert {"version", "source_commit"} <= {c["name"] for c in inspect(engine).get_columns("runs")}
     with Session(engine) as session:
-        assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION == 7
+        assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION == 8
         attempt = session.get(Attempt, attempt_id)
         taken = history.measurements(session, attempt_id)
     assert attempt is not None and attempt.measurements == 3
