@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
 
 import anyio
 import httpx
@@ -26,20 +27,16 @@ pytestmark = pytest.mark.scenario  # a real service, two evaluations and a duel 
 
 
 @pytest.fixture(scope="module")
-def service():
-    with ServiceProcess("duel") as svc:
-        yield svc
+def served() -> Iterator[tuple[ServiceProcess, httpx.Client]]:
+    """The service, and a client of its API with the token."""
+    with ServiceProcess("duel") as service, service.client() as client:
+        yield service, client
 
 
 @pytest.fixture(scope="module")
-def api(service: ServiceProcess):
-    with service.client() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def pair(api: httpx.Client) -> tuple[int, int, int]:
+def pair(served: tuple[ServiceProcess, httpx.Client]) -> tuple[int, int, int]:
     """A run with two correct, measured kernels (the same one, twice): (run, incumbent, challenger)."""
+    api = served[1]
     run_id = api.post("/v1/runs", json={"problem": "causal_conv1d"}).json()["id"]
     ids = []
     for code in (CPU_EXAMPLE, CPU_EXAMPLE + "\n# the same kernel, a second attempt\n"):
@@ -68,9 +65,9 @@ def _unmeasured(api: httpx.Client, path: str, **fields: object) -> int:
 
 
 def test_a_duel_that_cannot_compare_two_attempts_is_refused_saying_what_to_do(
-    api: httpx.Client, service: ServiceProcess, pair: tuple[int, int, int]
+    served: tuple[ServiceProcess, httpx.Client], pair: tuple[int, int, int]
 ) -> None:
-    _, incumbent, challenger = pair
+    (service, api), (_, incumbent, challenger) = served, pair
     assert _refusal(api, challenger, challenger)["error"] == "same_attempt"
     assert _refusal(api, challenger, 999999)["error"] == "unknown_attempt"
     other = next(p["name"] for p in api.get("/v1/problems").json() if p["name"] != "causal_conv1d")
@@ -106,9 +103,9 @@ def test_a_duel_that_cannot_compare_two_attempts_is_refused_saying_what_to_do(
 
 
 def test_a_duel_re_times_both_back_to_back_and_every_best_agrees_on_its_verdict(
-    api: httpx.Client, service: ServiceProcess, pair: tuple[int, int, int]
+    served: tuple[ServiceProcess, httpx.Client], pair: tuple[int, int, int]
 ) -> None:
-    run_id, incumbent, challenger = pair
+    (service, api), (run_id, incumbent, challenger) = served, pair
     before = {a: len(api.get(f"/v1/attempts/{a}/measurements").json()) for a in (incumbent, challenger)}
 
     async def by_the_agents_client() -> tuple[DuelPublic | ServiceFailure, RunRecord]:

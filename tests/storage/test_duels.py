@@ -14,6 +14,7 @@ import test_storage
 from server_fixtures import measured_benchmark, passed_test
 from sqlalchemy import inspect, text
 from sqlmodel import Session, select
+from test_measurements import a_measured_database
 
 from kernelloop.agent.run_record import RunRecord
 from kernelloop.contract import AttemptFilter, RunCreate
@@ -182,14 +183,9 @@ def test_a_confirmed_duel_moves_every_best_alike_and_another_verdict_leaves_them
 
 def test_the_upgrade_from_v7_keeps_every_row_and_adds_the_duels(tmp_path: Path) -> None:
     path = tmp_path / "v7.sqlite3"
-    engine = open_database(database_url(str(path)))
-    speedups = [random.uniform(0.5, 2.0) for _ in range(3)]
+    engine, attempt_id, _ = a_measured_database(path, "# kept by v7")
     with Session(engine) as session:
-        problems.sync_shipped(session)
-        attempt, _ = test_storage._attempt(session, "# kept by v7")
-        assert attempt.id is not None
-        attempt_id = attempt.id
-        test_storage._record(session, attempt_id, passed_test(), *(measured_benchmark(s) for s in speedups))
+        test_storage._record(session, attempt_id, passed_test())
         kept = history.attempt_summary(session, attempt_id)
         taken = history.measurements(session, attempt_id)
     with engine.begin() as connection:
