@@ -11,6 +11,11 @@ the proposer is remembered as it was before proposing it; a step the service eva
 there to see it is adopted when its kernel is proposed again: its job's verdict is read back (or its job, still
 queued or running, followed), never evaluated a second time. While it runs, the loop tells the service every
 `heartbeat_s` that the run's client is alive (the service marks a silent run interrupted).
+
+When a new correct kernel's median beats the best's but its interval does not clear it, the loop asks the service for
+a duel of the two (tools.duel: both re-timed back to back, the order alternating, four rounds): one at a time, on
+the run's time budget (it is wall-clock time like any other) and not its iterations (it is no step); a confirmed
+duel makes the challenger the run's best, here and at the service alike.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from kernelloop.agent.run_record import RunRecord
 from kernelloop.agent.service_client import ServiceClient
 from kernelloop.agent.service_connection import ServiceFailure
 from kernelloop.agent.submission import Submitter
-from kernelloop.contract import AttemptSummary, RunStatus, RunUpdate
+from kernelloop.contract import AttemptSummary, DuelPublic, RunStatus, RunUpdate
+from kernelloop.tools.duel import DUEL_ROUNDS
 
 
 class RunLoop:
@@ -48,6 +54,7 @@ class RunLoop:
         *,
         memory: LoopMemory | None = None,
         history: list[AttemptSummary] | None = None,
+        duels: list[DuelPublic] | None = None,
         best_path: Path | None = None,
         heartbeat_s: float | None = None,
     ):
@@ -55,7 +62,9 @@ class RunLoop:
         self.heartbeat_s = heartbeat_s
         self.progress = progress
         self.budget = RunBudget(config, proposer, memory)
-        self.record = RunRecord(history)
+        self.record = RunRecord(history, duels)
+        self._duelling = asyncio.Lock()
+        """one duel at a time: each re-times two kernels back to back, which a second beside it would disturb"""
         self.keeper = RunKeeper(
             config,
             client,
@@ -155,7 +164,35 @@ class RunLoop:
             await self.proposer.observe(trajectory, proposal, outcome)
             if not (outcome.status == "service_error" and self.submitter.fatal):
                 self.budget.settle()  # a step the lost service gave no verdict is a resume's to adopt
+            await self._duel_within_noise(outcome.step, outcome.attempt_id)
             await self.keeper.save()
+
+    async def _duel_within_noise(self, step: int, attempt_id: int | None) -> None:
+        """A duel of the step's attempt against the run's best when its median beats the best's within the noise
+        (RunRecord.duel_wanted); its verdict goes into the record."""
+        if self.record.duel_wanted(attempt_id) is None:
+            return
+        async with self._duelling:
+            pair = self.record.duel_wanted(attempt_id)  # the best may have moved while another duel ran
+            if pair is None or self.budget.out_of_time() or self.fatal is not None or self.interrupted:
+                return
+            challenger, incumbent = pair
+            self.progress.note(
+                f"step {step}: attempt {challenger}'s median beats the best's (attempt {incumbent}) but its interval "
+                f"does not clear it: a duel of {DUEL_ROUNDS} rounds, both re-timed back to back (on the run's time "
+                "budget, not its iterations)"
+            )
+            duel = await self.client.duel(challenger, incumbent)
+            if isinstance(duel, ServiceFailure):
+                self.record.add_duel(challenger, incumbent, None)
+                self.progress.note(f"step {step}: the duel of attempt {challenger} against {incumbent} failed: {duel}")
+                return
+            self.record.add_duel(challenger, incumbent, duel.verdict)
+            best_id, _ = self.record.best()
+            self.progress.note(
+                f"step {step}: duel {duel.id} {duel.verdict or duel.status}: {duel.reason}; the run's best is "
+                f"attempt {best_id}"
+            )
 
     def _view(self, trajectory: int) -> LoopView:
         best_id, best_speedup = self.record.best()

@@ -43,7 +43,7 @@ class RunBudget:
         reserved until `release`."""
         if self.config.iterations is not None and self.memory.steps + self.reserved >= self.config.iterations:
             return False
-        if self.config.max_run_s is not None and self.seconds() >= self.config.max_run_s:
+        if self.out_of_time():
             return False
         self.reserved += 1
         return True
@@ -78,10 +78,14 @@ class RunBudget:
         steps, state = self._settled
         return self.memory.model_copy(update={"steps": steps, "proposer_state": copy.deepcopy(state)})
 
+    def out_of_time(self) -> bool:
+        """The run's time limit is spent (a duel counts against it, not against the iterations)."""
+        return self.config.max_run_s is not None and self.seconds() >= self.config.max_run_s
+
     def spent(self) -> str | None:
         """Which limit the run has reached, if any."""
         if self.config.iterations is not None and self.memory.steps >= self.config.iterations:
             return f"the iteration budget ({self.config.iterations}) is spent"
-        if self.config.max_run_s is not None and self.seconds() >= self.config.max_run_s:
+        if self.out_of_time():
             return f"the run's time limit ({self.config.max_run_s:g} s) is spent"
         return None

@@ -1,13 +1,15 @@
 """What a run has learned: each attempt's facts as the service counts them, the table of its lines, the first correct
-kernel, the best one, and each trajectory's base (the attempt its next proposal builds on)."""
+kernel, the best one (by the intervals and the duels the run asked for, as the service decides it), and each
+trajectory's base (the attempt its next proposal builds on)."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
 from kernelloop.agent.models import AttemptLine, Outcome, Proposal
-from kernelloop.contract import AttemptSummary
-from kernelloop.tools.speedup_estimate import SpeedupEstimate, best_in_order, stated
+from kernelloop.contract import AttemptSummary, DuelPublic
+from kernelloop.tools.duel import Verdict, wins
+from kernelloop.tools.speedup_estimate import SpeedupEstimate, best_in_order, clears, stated
 
 REGRESSION_MARGIN = 0.97  # slower than 97% of the best counts as a regression
 
@@ -35,8 +37,12 @@ def is_regression(outcome: Outcome, best_id: int | None, best_speedup: float | N
 class RunRecord:
     """The attempts of one run, as the loop saw them come back (and, on a resume, as the service kept them)."""
 
-    def __init__(self, history: list[AttemptSummary] | None = None) -> None:
+    def __init__(self, history: list[AttemptSummary] | None = None, duels: list[DuelPublic] | None = None) -> None:
         self.facts: dict[int, AttemptFacts] = {}
+        self.duels: list[tuple[int, int, Verdict | None]] = []
+        """(challenger, incumbent, verdict) of the duels of this run's attempts, oldest first"""
+        self.beats: set[tuple[int, int]] = set()
+        """the (winner, loser) pairs the duels settled (tools.duel.wins)"""
         self.lines: list[AttemptLine] = []
         self.base: dict[int, int | None] = {}
         """each trajectory's base: its last attempt, or the best so far after a regression"""
@@ -45,6 +51,8 @@ class RunRecord:
         """the step of the attempt `first_speedup` is from: the earliest step wins, whichever finished first"""
         for attempt in history or []:
             self._restore(attempt)
+        for duel in duels or []:
+            self.add_duel(duel.challenger_attempt_id, duel.incumbent_attempt_id, duel.verdict)
 
     def add(self, trajectory: int, proposal: Proposal, outcome: Outcome) -> None:
         """An outcome of this run: its attempt's facts, the trajectory's next base, its line; the outcome is given
@@ -78,13 +86,38 @@ class RunRecord:
 
     def best(self) -> tuple[int | None, float | None]:
         """The best attempt that passed run_tests and a benchmark, and its speedup: the first made (by attempt id, as
-        the service ranks a run), replaced only by one whose interval clears it (better beyond the noise)."""
-        best = best_in_order(
+        the service ranks a run), replaced only by one whose interval clears it (better beyond the noise) or that a
+        duel confirmed against it."""
+        best = self._best()
+        return (best[0], best[1].speedup) if best is not None else (None, None)
+
+    def _best(self) -> tuple[int, SpeedupEstimate] | None:
+        contenders = [
             (attempt_id, facts.speedup)
             for attempt_id, facts in sorted(self.facts.items())
             if facts.correct and facts.speedup is not None
-        )
-        return (best[0], best[1].speedup) if best is not None else (None, None)
+        ]
+        return best_in_order(contenders, self.beats)
+
+    def add_duel(self, challenger: int, incumbent: int, verdict: Verdict | None) -> None:
+        """A duel of the run's attempts (None: asked for, without a verdict): a confirmed or refuted one counts from
+        now on (the latest between two), and no second duel of the two is wanted."""
+        self.duels.append((challenger, incumbent, verdict))
+        self.beats = wins(self.duels)
+
+    def duel_wanted(self, attempt_id: int | None) -> tuple[int, int] | None:
+        """(challenger, incumbent) when this correct attempt's median beats the best's but its interval does not clear
+        it, and no duel of the two has been asked for yet: a re-time of both back to back would settle it."""
+        best = self._best()
+        facts = self.facts.get(attempt_id) if attempt_id is not None else None
+        if best is None or attempt_id is None or facts is None or not facts.correct or facts.speedup is None:
+            return None
+        asked = {frozenset((c, i)) for c, i, _ in self.duels}
+        if attempt_id == best[0] or frozenset((attempt_id, best[0])) in asked:
+            return None
+        if facts.speedup.speedup > best[1].speedup and not clears(facts.speedup, best[1]):
+            return attempt_id, best[0]
+        return None
 
     def parent_of(self, trajectory: int, proposal: Proposal) -> int | None:
         """The attempt a proposal builds on: the one it names, else its trajectory's base."""

@@ -30,6 +30,7 @@ from kernelloop.agent.service_connection import ServiceFailure
 from kernelloop.agent.settings import AgentSettings
 from kernelloop.contract import (
     AttemptSummary,
+    DuelPublic,
     Health,
     ProblemCreate,
     ProblemDetail,
@@ -243,6 +244,9 @@ async def resume_run(
     history = await client.run_attempts(run_id)
     if isinstance(history, ServiceFailure):
         return RunRefused(message=f"the attempts of run {run_id} could not be read: {history}")
+    duels = await client.duels(run_id)
+    if isinstance(duels, ServiceFailure):
+        return RunRefused(message=f"the duels of run {run_id} could not be read: {duels}")
     proposer = await build_proposer(config, client, problem, settings, run_id, service_is_local, memory.proposer_state)
     if isinstance(proposer, RunRefused):
         return proposer
@@ -255,7 +259,7 @@ async def resume_run(
         f"run {run_id} resumed: {len(history)} attempts and {memory.steps} steps so far, "
         f"proposer {proposer.name}, " + _budget_text(config)
     )
-    return await _loop(config, client, proposer, reopened, settings, progress, memory, history)
+    return await _loop(config, client, proposer, reopened, settings, progress, memory, history, duels)
 
 
 async def _stored_run(client: ServiceClient, run_id: int) -> tuple[RunPublic, AgentRunConfig] | RunRefused:
@@ -300,6 +304,7 @@ async def _loop(
     progress: Progress,
     memory: LoopMemory,
     history: list[AttemptSummary],
+    duels: list[DuelPublic] | None = None,
 ) -> RunSummary:
     loop = RunLoop(
         config,
@@ -309,6 +314,7 @@ async def _loop(
         progress,
         memory=memory,
         history=history,
+        duels=duels,
         best_path=best_kernel_path(config, settings, run.id),
         heartbeat_s=settings.heartbeat_s,
     )

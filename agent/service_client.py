@@ -24,6 +24,8 @@ from kernelloop.contract import (
     AttemptDetail,
     AttemptSummary,
     DevicesReport,
+    DuelPublic,
+    DuelRequest,
     Health,
     JobEventPublic,
     JobPublic,
@@ -258,6 +260,34 @@ class ServiceClient(ProblemCalls, HistoryCalls, SuiteCalls, JobCalls):
             return job
         taken = await self.measurements(attempt_id)
         return taken if isinstance(taken, ServiceFailure) else RerunAnswer.of(job, taken, queued.before)
+
+    async def duel(
+        self, challenger_id: int, incumbent_id: int, timeout_s: float = 7200.0
+    ) -> DuelPublic | ServiceFailure:
+        """Re-time the two attempts back to back until the duel has a verdict (tools.duel), following it (GET
+        /v1/duels/{id}) to its end: the duel as it ended."""
+        duel = await self._call(
+            "POST",
+            f"/v1/attempts/{challenger_id}/duel",
+            DuelPublic,
+            json=DuelRequest(incumbent_attempt_id=incumbent_id).model_dump(mode="json"),
+            params={"wait": "false"},
+        )
+        deadline = time.monotonic() + timeout_s
+        while not isinstance(duel, ServiceFailure) and duel.status == "running":
+            if time.monotonic() > deadline:
+                return ServiceFailure(
+                    kind="timeout",
+                    message=f"duel {duel.id} did not end within {timeout_s:.0f} s",
+                    fix=f"follow it with GET /v1/duels/{duel.id}",
+                )
+            await asyncio.sleep(self.poll_s)
+            duel = await self._call("GET", f"/v1/duels/{duel.id}", DuelPublic)
+        return duel
+
+    async def duels(self, run_id: int) -> list[DuelPublic] | ServiceFailure:
+        """The duels of the run's attempts, oldest first."""
+        return await self._call("GET", "/v1/duels", list[DuelPublic], params={"run_id": run_id})
 
 
 async def _notify(watcher: EventWatcher | None, event: JobEventPublic) -> None:

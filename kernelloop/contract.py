@@ -21,6 +21,7 @@ from sqlalchemy import JSON, Text
 from sqlmodel import Field, SQLModel
 
 from kernelloop.tools.coverage import Coverage
+from kernelloop.tools.duel import DUEL_ROUNDS, DuelRound, Verdict
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.phase_registry import JobPhase, Phase
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS, PROBLEM_NAME_PATTERN, ShapeSpec, problem_name
@@ -360,7 +361,8 @@ class ShapeMeasurement(BaseModel):
 
 class MeasurementBase(SQLModel):
     step: int | None = Field(
-        default=None, description=f"the step whose job took it ({STEP}); None: a rerun, or a call outside a run"
+        default=None,
+        description=f"the step whose job took it ({STEP}); None: a rerun or a duel's, or a call outside a run",
     )
     measured_at: datetime = Field(description="when the benchmark finished")
     host: str = Field(default="", description="the machine of the service that ran the job (its executor's host)")
@@ -670,6 +672,53 @@ class RerunAnswer(BaseModel):
         """The answer for the job as it is, from the attempt's measurements (the one the job appended, if any)."""
         added = [m for m in measurements if m.job_id == job.id]
         return cls(job=job, measurement=added[-1] if added else None, before=before, after=job.attempt_speedup)
+
+
+class DuelRequest(BaseModel):
+    """What `POST /v1/attempts/{challenger_id}/duel` takes: the incumbent to re-time the challenger against."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    incumbent_attempt_id: int = PydanticField(
+        ge=1,
+        le=MAX_ID,
+        description="the attempt the challenger (the path's attempt) is timed against: of the same problem, mode and "
+        "backend, measured before (a run's best: GET /v1/runs/{id} names it)",
+    )
+
+
+DuelStatus = Literal["running", "finished", "interrupted"]
+
+
+class DuelBase(SQLModel):
+    status: DuelStatus = Field(
+        default="running",
+        sa_type=Text,
+        description="running; finished (with a verdict); interrupted (the service stopped during it: ask again)",
+    )
+    verdict: Verdict | None = Field(
+        default=None,
+        sa_type=Text,
+        description="confirmed: the challenger faster in every counted round; refuted: the incumbent in every one; "
+        "inconclusive: neither (the incumbent stays). tools.duel states the rule",
+    )
+    reason: str = Field(default="", sa_type=Text, description="why the verdict, with the rounds each side won")
+    rounds_needed: int = Field(default=DUEL_ROUNDS, description="the counted rounds the verdict needs")
+    created_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+
+
+class DuelPublic(DuelBase):
+    """A duel: the challenger and the incumbent re-timed back to back, the order alternating each round; every
+    benchmark is also appended to its attempt as a measurement (its job id is the round's)."""
+
+    id: int
+    problem: str
+    mode: Mode
+    backend: Backend
+    challenger_attempt_id: int
+    incumbent_attempt_id: int
+    rounds: list[DuelRound] = PydanticField(description="every round tried, the ones left out (not counted) too")
 
 
 # ---------------------------------------------------------------------------------- tool requests

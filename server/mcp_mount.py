@@ -27,6 +27,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kernelloop.contract import (
     AttemptDetail,
+    DuelPublic,
+    DuelRequest,
     ErrorBody,
     JobPublic,
     LeaderboardEntry,
@@ -38,6 +40,7 @@ from kernelloop.contract import (
 )
 from kernelloop.server import reads
 from kernelloop.server.auth import admit
+from kernelloop.server.duel import launch, start_duel, wait_duel
 from kernelloop.server.errors import ApiError
 from kernelloop.server.mcp_tools import JOB_TIMEOUT_S, ServiceCalls, build_mcp_server, refusal
 from kernelloop.server.rerun import rerun_answer, submit_rerun
@@ -128,6 +131,15 @@ class InService:
         job, queued = await _refusing(submit)
         job = await self.service.wait(job.id, JOB_TIMEOUT_S)
         return await _refusing(lambda: rerun_answer(self.service, job, queued))
+
+    async def duel(self, challenger_id: int, incumbent_id: int, client: str) -> DuelPublic:
+        def submit() -> DuelPublic:
+            admit(self.service, client)
+            return start_duel(self.service, challenger_id, DuelRequest(incumbent_attempt_id=incumbent_id), client)
+
+        started = await _refusing(submit)
+        launch(self.service, started.id)
+        return await wait_duel(self.service, started.id, JOB_TIMEOUT_S)
 
     async def _read(self, read: Callable[[Session], T]) -> T:
         def in_session() -> T:

@@ -32,6 +32,7 @@ from kernelloop.contract import (
     MAX_ID,
     TERMINAL_JOB_STATUSES,
     AttemptDetail,
+    DuelPublic,
     ErrorBody,
     JobPublic,
     LeaderboardEntry,
@@ -126,6 +127,10 @@ class ServiceCalls(Protocol):
         """Measure the attempt again under its recorded settings; the answer once its job has ended."""
         ...
 
+    async def duel(self, challenger_id: int, incumbent_id: int, client: str) -> DuelPublic:
+        """Re-time the two attempts back to back until the duel has a verdict; the duel once it has ended."""
+        ...
+
 
 ConnectCalls = Callable[[], AbstractAsyncContextManager[ServiceCalls]]
 
@@ -212,6 +217,13 @@ def _read_tools(connect: ConnectCalls) -> list[Tool]:
         async with connect() as calls:
             return await _answer(calls.rerun(attempt_id, _client_address(ctx)), f"POST /v1/attempts/{attempt_id}/rerun")
 
+    async def duel_attempts(
+        challenger_attempt_id: AttemptId, incumbent_attempt_id: AttemptId, ctx: Context
+    ) -> CallToolResult:
+        async with connect() as calls:
+            duel = calls.duel(challenger_attempt_id, incumbent_attempt_id, _client_address(ctx))
+            return await _answer(duel, f"POST /v1/attempts/{challenger_attempt_id}/duel")
+
     described: dict[Callable[..., Awaitable[CallToolResult]], str] = {
         list_problems: "Every problem the service knows: name, dtype, tolerance policy, shape counts.",
         get_problem: "One problem: its reference source, shapes (sizes, FLOP and byte counts), tolerance.",
@@ -223,6 +235,10 @@ def _read_tools(connect: ConnectCalls) -> list[Tool]:
         "spread and n, whether it counts): its speedup is the median of the counted ones.",
         rerun_attempt: "Time an attempt again under its recorded settings: the benchmark is appended as a measurement; "
         "its deviation says how far it lies from the earlier ones, in units of their spread.",
+        duel_attempts: "Re-time a challenger and an incumbent back to back in the same conditions, the order "
+        "alternating each round: confirmed when the challenger is faster in every one of 4 rounds (it then replaces "
+        "the incumbent as the best), refuted when the incumbent is, else inconclusive. Each benchmark is appended "
+        "to its attempt as a measurement. Use it when a kernel's median beats the best's but its interval overlaps.",
     }
     return [Tool.from_function(fn, description=description) for fn, description in described.items()]
 

@@ -20,9 +20,9 @@ from kernelloop.tools.jobs import EvalOptions, inapplicable_options
 from kernelloop.tools.phase_registry import steps_of
 
 
-def recorded_options(session: Session, attempt: Attempt) -> EvalOptions:
+def recorded_options(session: Session, attempt: Attempt, field: str = "path.attempt_id") -> EvalOptions:
     """The options of the job that took the attempt's latest measurement, as a benchmark reads them; refused
-    (422) for an attempt never measured."""
+    (422, naming `field`) for an attempt never measured."""
     job_id = session.exec(
         select(Measurement.job_id)
         .where(Measurement.attempt_id == row_id(attempt), col(Measurement.job_id).is_not(None))
@@ -35,7 +35,7 @@ def recorded_options(session: Session, attempt: Attempt) -> EvalOptions:
             422,
             "never_measured",
             f"attempt {attempt.id} has no benchmark to repeat: no job of the service timed it",
-            field="path.attempt_id",
+            field=field,
             fix="time it first with POST /v1/benchmark (or /v1/evaluate) of its code",
         )
     options = EvalOptions.model_validate(job.options)

@@ -31,7 +31,7 @@ from kernelloop.server.redaction import Redactor, service_secrets
 from kernelloop.server.run_sweeper import SilentRunSweeper
 from kernelloop.server.scheduler import Scheduler
 from kernelloop.server.settings import ServiceSettings
-from kernelloop.storage import cancel, history, idempotency, problems, queue
+from kernelloop.storage import cancel, duels, history, idempotency, problems, queue
 from kernelloop.storage.models import Attempt, Job, Problem, Run
 from kernelloop.tools.jobs import EvalOptions, option_refusal
 from kernelloop.tools.phase_registry import PHASES, JobPhase, steps_of
@@ -71,6 +71,8 @@ class Service:
         self._sweeper = (
             SilentRunSweeper(engine, settings.run_timeout_s, self.started) if settings.run_timeout_s > 0 else None
         )
+        self.duel_tasks: set[asyncio.Task[None]] = set()
+        """the duels under way (server.duel): their rounds run on the event loop"""
 
     # ------------------------------------------------------------------------------ life cycle
     def start(self) -> list[int]:
@@ -85,12 +87,20 @@ class Service:
         )
         if requeued:
             log.warning("jobs %s were running when the service last stopped: marked interrupted", requeued)
+        with Session(self.engine) as session:
+            left = duels.interrupt(session, "the service stopped during it")
+        if left:
+            log.warning("duels %s were under way when the service last stopped: marked interrupted", left)
         self.scheduler.start()
         if self._sweeper is not None:
             self._sweeper.start()
         return requeued
 
     def stop(self) -> None:
+        for task in list(self.duel_tasks):
+            task.cancel()
+        with Session(self.engine) as session:
+            duels.interrupt(session, "the service shut down during it")
         if self._sweeper is not None:
             self._sweeper.stop()
         self.scheduler.stop()

@@ -21,7 +21,7 @@ from sqlmodel import Session, SQLModel, select
 
 from kernelloop.contract import utcnow
 from kernelloop.storage.history import recount_attempts
-from kernelloop.storage.models import SCHEMA_VERSION, Measurement, SchemaInfo
+from kernelloop.storage.models import SCHEMA_VERSION, Duel, Measurement, SchemaInfo
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
 
 log = logging.getLogger("kernelloop.storage")
@@ -97,6 +97,12 @@ def _add_measurements(connection: Connection) -> None:
         recount_attempts(session)
 
 
+def _add_duels(connection: Connection) -> None:
+    """v7 -> v8: the duels table, new and empty (two attempts re-timed back to back, tools.duel); every row already
+    there is kept as it is, and with no duel the best is decided by the intervals alone, as v7 decided it."""
+    Duel.__table__.create(connection, checkfirst=True)  # type: ignore[attr-defined]
+
+
 MIGRATIONS: dict[int, Migration] = {
     1: _recount_attempts,
     2: _add_suites,
@@ -104,6 +110,7 @@ MIGRATIONS: dict[int, Migration] = {
     4: _add_cancel_and_idempotency,
     5: _add_modes,
     6: _add_measurements,
+    7: _add_duels,
 }
 """MIGRATIONS[n] upgrades a version-n database to version n+1."""
 

@@ -4,7 +4,8 @@ An attempt's summary columns (status, stage, compiled, correct, speedup, device)
 evaluation is recorded, so listing, filtering and sorting thousands of attempts never opens a result.
 `correct` and `speedup` follow tools.coverage: only verdicts that covered the whole problem count. Every benchmark
 that timed is appended as a measurement, and the attempt's `speedup` is the statistic of tools.speedup_estimate over
-its counted measurements; the runs' best and the leaderboard rank by that module's rule (better beyond the noise).
+its counted measurements; the runs' best and the leaderboard rank by that module's rule (better beyond the noise:
+an interval that clears, or a duel that confirmed it, storage.duels).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from kernelloop.contract import (
     SubmissionRequest,
     utcnow,
 )
+from kernelloop.storage.duels import beats_among
 from kernelloop.storage.models import (
     Attempt,
     CodeBlob,
@@ -193,7 +195,8 @@ def _runs_public(session: Session, runs: Sequence[Run]) -> list[RunPublic]:
             .where(Attempt.run_id == run.id, col(Attempt.correct).is_(True), col(Attempt.speedup).is_not(None))
             .order_by(col(Attempt.id))
         ).all()
-        best = best_in_order((row_id(a), e) for a in contenders if (e := estimate_of(a)) is not None)
+        beats = beats_among(session, [row_id(a) for a in contenders])
+        best = best_in_order(((row_id(a), e) for a in contenders if (e := estimate_of(a)) is not None), beats)
         out.append(
             RunPublic.model_validate(
                 {
@@ -596,8 +599,9 @@ def leaderboard(
     limit: int = 10,
 ) -> list[LeaderboardEntry]:
     """Correct attempts judged in `mode` ranked by the rule of tools.speedup_estimate (`ranked`: the first in the
-    order they were made, replaced only by one whose interval clears it): the top `limit` of one problem, or the best
-    of every problem (a forward's speedup and a forward+backward's are not ranked together)."""
+    order they were made, replaced only by one whose interval clears it or that a duel between them confirmed): the
+    top `limit` of one problem, or the best of every problem (a forward's speedup and a forward+backward's are not
+    ranked together)."""
     base = (
         select(Attempt, Problem.name)
         .join(Problem, col(Problem.id) == col(Attempt.problem_id))
@@ -614,7 +618,8 @@ def leaderboard(
     entries: list[LeaderboardEntry] = []
     for pid in problem_ids:
         rows = {row_id(a): (a, name) for a, name in session.exec(base.where(Attempt.problem_id == pid)).all()}
-        places = ranked([(i, e) for i, (a, _) in rows.items() if (e := estimate_of(a)) is not None], limit)
+        contenders = [(i, e) for i, (a, _) in rows.items() if (e := estimate_of(a)) is not None]
+        places = ranked(contenders, limit, beats_among(session, rows))
         for rank, (attempt_id, _) in enumerate(places, start=1):
             attempt, name = rows[attempt_id]
             entries.append(

@@ -8,8 +8,9 @@ Tables: problems, runs (one agent session), code (stored once by sha256), attemp
 its run, parent, step, proposer and rationale, plus a summary of its evaluations for fast queries),
 evaluations (one compile, test or benchmark verdict with the full result), measurements (one per benchmark
 that timed: appended, never replaced; an attempt's speedup is a statistic over them), jobs (the queue),
-job events (what `GET /v1/jobs/{id}/events` streams), idempotency keys (a retried tool call's job), and
-suites with their entries (a set of problems and one solution each, scored as KernelBench scores them).
+job events (what `GET /v1/jobs/{id}/events` streams), idempotency keys (a retried tool call's job), suites with
+their entries (a set of problems and one solution each, scored as KernelBench scores them), and duels (two attempts
+re-timed back to back, tools.duel: a confirmed one lets the challenger replace the incumbent as the best).
 """
 
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ from kernelloop.contract import (
     RUN_VERSION,
     STEP,
     AttemptBase,
+    DuelBase,
     EvaluationBase,
     JobStatus,
     LaneKind,
@@ -42,14 +44,14 @@ from kernelloop.contract import (
 from kernelloop.tools.phase_registry import JobPhase, Phase
 from kernelloop.tools.problems import MAX_PROBLEM_NAME_CHARS
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Bumped with every change to the tables or to what their columns mean; storage.database upgrades or refuses
 older databases (v2: an attempt's `correct` and `speedup` count only full-coverage verdicts; v3: suites; v4: a
 problem's name up to MAX_PROBLEM_NAME_CHARS, and the name of the file it was registered from; v5: a job's
 cancel request, and the idempotency keys of tool calls; v6: the mode (infer, train) of each attempt and
 evaluation, and an attempt's identity within a run includes its mode; v7: measurements, one row per benchmark,
 appended; an attempt's speedup is the median of its counted ones with an interval; a job's step; a run's version
-and commit)."""
+and commit; v8: duels, and the best is decided by the intervals and the confirmed duels)."""
 
 
 class _Row(Protocol):
@@ -211,6 +213,22 @@ class Measurement(MeasurementBase, table=True):
     shapes: list[dict[str, Any]] = Field(
         default_factory=list, sa_type=JSON, description="contract.ShapeMeasurement per benchmark shape, as JSON"
     )
+
+
+class Duel(DuelBase, table=True):
+    """Two attempts re-timed back to back (server.duel runs it, tools.duel decides it); each benchmark of it is also
+    a measurement of its attempt."""
+
+    __tablename__ = "duels"
+    id: int | None = Field(default=None, primary_key=True)
+    challenger_attempt_id: int = Field(foreign_key="attempts.id", index=True)
+    incumbent_attempt_id: int = Field(foreign_key="attempts.id", index=True)
+    rounds: list[dict[str, Any]] = Field(
+        default_factory=list, sa_type=JSON, description="tools.duel.DuelRound per round tried, as JSON"
+    )
+    client: str = Field(default="", max_length=200)
+    created_at: datetime = _created()
+    finished_at: datetime | None = _timestamp()
 
 
 # -------------------------------------------------------------------------------------------- jobs

@@ -14,15 +14,17 @@ on the log scale: of an even count, the geometric mean of the middle two), with 
   own half-widths.
 
 **Better beyond the noise.** A challenger is better than the incumbent only when its interval clears the
-incumbent's: its low end above the incumbent's high end (`clears`). The best of several (`best_in_order`) is the
-first one, replaced in the order they came (attempt ids) only by one that clears it. The search's best, a run's
-best and the leaderboard all use these functions.
+incumbent's: its low end above the incumbent's high end (`clears`), or a duel confirmed it: the two re-timed back to
+back in the same conditions, the challenger faster in every round (tools.duel states that rule). The best of several
+(`best_in_order`) is the first one, replaced in the order they came (attempt ids) only by one that clears it or that
+a duel found better than it (the (winner, loser) pairs of `tools.duel.wins`). The search's best, a run's best, the
+run page's best so far and the leaderboard all use these functions, with the same duels.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TypeVar
 
 from pydantic import BaseModel, Field
@@ -118,22 +120,27 @@ def clears(challenger: SpeedupEstimate, incumbent: SpeedupEstimate) -> bool:
 K = TypeVar("K")
 
 
-def best_in_order(candidates: Iterable[tuple[K, SpeedupEstimate]]) -> tuple[K, SpeedupEstimate] | None:
+def best_in_order(
+    candidates: Iterable[tuple[K, SpeedupEstimate]], beats: Collection[tuple[K, K]] = ()
+) -> tuple[K, SpeedupEstimate] | None:
     """The best of (key, estimate) pairs taken in the order they came: the first, replaced only by one that clears
-    the one kept."""
+    the one kept, or that beat it in a duel ((challenger, kept) in `beats`: tools.duel.wins)."""
     best: tuple[K, SpeedupEstimate] | None = None
     for key, candidate in candidates:
-        if best is None or clears(candidate, best[1]):
+        if best is None or clears(candidate, best[1]) or (key, best[0]) in beats:
             best = (key, candidate)
     return best
 
 
-def ranked(candidates: Sequence[tuple[K, SpeedupEstimate]], limit: int) -> list[tuple[K, SpeedupEstimate]]:
-    """The first `limit` places: the best in order (best_in_order), then the best of the rest, and so on."""
+def ranked(
+    candidates: Sequence[tuple[K, SpeedupEstimate]], limit: int, beats: Collection[tuple[K, K]] = ()
+) -> list[tuple[K, SpeedupEstimate]]:
+    """The first `limit` places: the best in order (best_in_order, with the duels' `beats`), then the best of the
+    rest, and so on."""
     left = list(candidates)
     places: list[tuple[K, SpeedupEstimate]] = []
     while left and len(places) < limit:
-        best = best_in_order(left)
+        best = best_in_order(left, beats)
         assert best is not None
         places.append(best)
         left = [pair for pair in left if pair[0] != best[0]]

@@ -1,9 +1,10 @@
 """`kernelloop`: the command line, one module per command group.
 
-`tools` (compile, test, bench, profile, demo), `serve`, `history`, `agent`, `suite`, `rerun` and `mcp`. This package
-sits above every other one and imports them plainly; nothing below imports it. A command imports only its own group:
-the MCP SDK, the service and the agent's clients take over a second to import, which `kernelloop compile` of a
-cached build (an answer in about a second) should not pay. Help and unknown commands build the whole parser.
+`tools` (compile, test, bench, profile, demo), `serve`, `history`, `agent`, `suite`, `rerun` (rerun, duel) and
+`mcp`. This package sits above every other one and imports them plainly; nothing below imports it. A command
+imports only its own group: the MCP SDK, the service and the agent's clients take over a second to import, which
+`kernelloop compile` of a cached build (an answer in about a second) should not pay. Help and unknown commands
+build the whole parser.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ GROUP_OF = {
     "agent": "agent",
     "suite": "suite",
     "rerun": "rerun",
+    "duel": "rerun",
     "mcp": "mcp_stdio",
 }
 

@@ -60,6 +60,9 @@ class OverHttp:
     async def rerun(self, attempt_id: int, client: str) -> contract.RerunAnswer:
         return _answered(await self.client.rerun(attempt_id), "attempt_id")
 
+    async def duel(self, challenger_id: int, incumbent_id: int, client: str) -> contract.DuelPublic:
+        return _answered(await self.client.duel(challenger_id, incumbent_id), "challenger_attempt_id")
+
 
 def _answered(answer: T | ServiceFailure, argument: str | None = None) -> T:
     """The answer, or the service's refusal as the tools answer it in the service itself (`refusal`): the same

@@ -33,6 +33,7 @@ SessionDep = Annotated[Session, Depends(get_session)]
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a job id")]
 AttemptId = Annotated[int, Path(ge=1, le=MAX_ID, description="an attempt id")]
 RunId = Annotated[int, Path(ge=1, le=MAX_ID, description="a run id")]
+DuelId = Annotated[int, Path(ge=1, le=MAX_ID, description="a duel id")]
 
 
 WEB_PAGE = "web page"

@@ -14,6 +14,7 @@ from kernelloop.contract import (
     AttemptDiff,
     AttemptFilter,
     AttemptSummary,
+    DuelPublic,
     ErrorBody,
     LeaderboardEntry,
     MeasurementPublic,
@@ -25,10 +26,11 @@ from kernelloop.contract import (
 )
 from kernelloop.server import reads
 from kernelloop.server.auth import READ_GUARDED, MutationGuard, ReadGuard
+from kernelloop.server.duel import duel_of
 from kernelloop.server.errors import ApiError, row_or_unknown
 from kernelloop.server.provenance import service_provenance
-from kernelloop.server.routes.deps import AttemptId, RunId, ServiceDep, SessionDep
-from kernelloop.storage import history
+from kernelloop.server.routes.deps import AttemptId, DuelId, RunId, ServiceDep, SessionDep
+from kernelloop.storage import duels, history
 from kernelloop.storage.models import Run
 from kernelloop.tools.results import Backend, Mode
 
@@ -126,6 +128,25 @@ def diff_attempt(
     diff = history.diff_attempts(session, base, attempt_id)
     assert diff is not None  # both attempts exist
     return diff
+
+
+@router.get("/duels", response_model=list[DuelPublic], responses={404: {"model": ErrorBody}})
+def list_duels(
+    session: SessionDep,
+    run_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="only the duels of this run's attempts")] = None,
+) -> list[DuelPublic]:
+    """Duels (two attempts re-timed back to back, POST /v1/attempts/{id}/duel), oldest first: every round and the
+    verdict. A confirmed one lets its challenger replace its incumbent in the run's best and the leaderboard."""
+    if run_id is None:
+        return duels.list_duels(session)
+    row_or_unknown(session, Run, run_id, field="query.run_id", fix="GET /v1/runs lists the runs")
+    return duels.run_duels(session, run_id)
+
+
+@router.get("/duels/{duel_id}", response_model=DuelPublic, responses={404: {"model": ErrorBody}})
+def get_duel(duel_id: DuelId, service: ServiceDep) -> DuelPublic:
+    """One duel: its rounds so far (each side's speedup and job), and its verdict once it has one."""
+    return duel_of(service, duel_id)
 
 
 @router.get("/leaderboard", response_model=list[LeaderboardEntry], responses={422: {"model": ErrorBody}})

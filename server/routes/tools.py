@@ -8,12 +8,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from kernelloop.contract import TERMINAL_JOB_STATUSES, ErrorBody, JobPublic, RerunAnswer, SubmissionRequest
+from kernelloop.contract import (
+    TERMINAL_JOB_STATUSES,
+    DuelPublic,
+    DuelRequest,
+    ErrorBody,
+    JobPublic,
+    RerunAnswer,
+    SubmissionRequest,
+)
 from kernelloop.server import idempotency
 from kernelloop.server.auth import Credentials, MutationGuard
+from kernelloop.server.duel import launch, start_duel, wait_duel
 from kernelloop.server.rerun import rerun_answer, submit_rerun
 from kernelloop.server.routes.deps import AttemptId, ServiceDep
 from kernelloop.tools.phase_registry import TOOLS, JobPhase, ToolSpec
@@ -32,6 +41,27 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 
 Wait = Annotated[bool, Query(description="wait for the verdict (up to timeout_s); false: answer 202 at once")]
 Timeout = Annotated[float | None, Query(gt=0, le=3600, description="longest wait, seconds (capped by the service)")]
+
+
+class WaitBound:
+    """?wait and ?timeout_s of a call on an attempt whose work may outlast the answer (a rerun, a duel)."""
+
+    def __init__(self, wait: Wait = True, timeout_s: Timeout = None) -> None:
+        self.wait, self.timeout_s = wait, timeout_s
+
+    def seconds(self, service: ServiceDep) -> float:
+        """How long to wait: as asked, capped by the service."""
+        return min(self.timeout_s or service.settings.max_wait_s, service.settings.max_wait_s)
+
+
+Waiting = Annotated[WaitBound, Depends()]
+
+
+def _under_way(model: type[Any], what: str) -> dict[int | str, dict[str, Any]]:
+    """The answers of a call on one attempt: its refusals, and a 202 with `model` while `what` is under way."""
+    return {**ERRORS, 404: {"model": ErrorBody}, 202: {"model": model, "description": f"{what} is under way"}}
+
+
 IdempotencyHeader = Annotated[
     str | None,
     Header(
@@ -69,7 +99,7 @@ async def _waited(
     """The job once it has ended (waiting up to the bound asked, capped by the service's) or, with wait=false or
     past the bound, as it is: then the answer is a 202 with the job's address."""
     if wait:
-        limit = min(timeout_s or service.settings.max_wait_s, service.settings.max_wait_s)
+        limit = WaitBound(wait, timeout_s).seconds(service)
         job = await service.wait(job.id, limit, reused_attempt=job.reused_attempt)
     if job.status not in TERMINAL_JOB_STATUSES:
         response.status_code = 202
@@ -110,20 +140,42 @@ for _tool in TOOLS.values():
 @router.post(
     "/attempts/{attempt_id}/rerun",
     response_model=RerunAnswer,
-    responses={**ERRORS, 404: {"model": ErrorBody}, 202: {"model": RerunAnswer, "description": "the job is under way"}},
+    responses=_under_way(RerunAnswer, "the job"),
     summary="rerun",
 )
 async def rerun(
-    attempt_id: AttemptId,
-    service: ServiceDep,
-    client: MutationGuard,
-    response: Response,
-    wait: Wait = True,
-    timeout_s: Timeout = None,
+    attempt_id: AttemptId, service: ServiceDep, client: MutationGuard, response: Response, waiting: Waiting
 ) -> RerunAnswer:
     """Measure an attempt again under its recorded settings (its code, problem, backend and the options of the job
     that last measured it): the benchmark is appended as a measurement, whose `deviation` says how far it lies from
     the ones before it (in units of their spread); `before` and `after` are the attempt's speedup either side."""
     job, queued = await run_in_threadpool(submit_rerun, service, attempt_id, client)
-    job = await _waited(service, job, wait, timeout_s, response)
+    job = await _waited(service, job, waiting.wait, waiting.timeout_s, response)
     return await run_in_threadpool(rerun_answer, service, job, queued)
+
+
+@router.post(
+    "/attempts/{attempt_id}/duel",
+    response_model=DuelPublic,
+    responses=_under_way(DuelPublic, "the duel"),
+    summary="duel",
+)
+async def duel(
+    attempt_id: AttemptId,
+    body: DuelRequest,
+    service: ServiceDep,
+    client: MutationGuard,
+    response: Response,
+    waiting: Waiting,
+) -> DuelPublic:
+    """Re-time the attempt (the challenger) and `incumbent_attempt_id` back to back in the same conditions, the order
+    alternating each round, until the rule of tools.duel has a verdict: confirmed (the challenger faster in every one
+    of 4 counted rounds: it then replaces the incumbent as the best wherever the best is decided), refuted, or
+    inconclusive. Every benchmark is appended to its attempt as a measurement. With wait=false, or past the wait
+    bound, a 202 with the duel as it stands: GET /v1/duels/{id} follows it."""
+    started = await run_in_threadpool(start_duel, service, attempt_id, body, client)
+    launch(service, started.id)
+    answer = await wait_duel(service, started.id, waiting.seconds(service)) if waiting.wait else started
+    if answer.status == "running":
+        response.status_code = 202
+    return answer

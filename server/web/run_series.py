@@ -5,8 +5,8 @@ takes its place in the run): the x of every plot and the Step column of the atte
 stated speedup (the median of its counted measurements, tools.speedup_estimate) with its interval, each benchmark
 shape's speedup from its latest counted measurement, the host's load while it was last timed, and whether it counts
 for the best so far. The best so far is `best_in_order` over the correct attempts up to the step, in the order they
-were made: its last value is the run's best as the runs list states it (history.run_public). A measurement timed on
-an overloaded host is drawn, marked, and never ranked.
+were made, with the duels settled between them (storage.duels): its last value is the run's best as the runs list
+states it (history.run_public). A measurement timed on an overloaded host is drawn, marked, and never ranked.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from sqlmodel import Session
 
 from kernelloop.contract import AttemptFilter, AttemptSummary
 from kernelloop.storage import history
+from kernelloop.storage.duels import beats_among
 from kernelloop.tools.speedup_estimate import SpeedupEstimate, best_in_order, stated
 
 RUN_ATTEMPTS_SHOWN = 500
@@ -130,9 +131,11 @@ def run_chart(session: Session, attempts: list[AttemptSummary]) -> RunChart:
         )
     steps = sorted(points, key=lambda point: point.x)  # the steps of parallel trajectories interleave
     best: tuple[int, SpeedupEstimate] | None = None
+    beats = beats_among(session, [a.id for a in attempts])  # a duel counts from the step its later attempt made
     for i, point in enumerate(steps):
         upto = {p.attempt_id for p in steps[: i + 1]}
-        best = best_in_order((a.id, e) for a in attempts if a.id in upto and (e := _estimate(a)) is not None)
+        contenders = [(a.id, e) for a in attempts if a.id in upto and (e := _estimate(a)) is not None]
+        best = best_in_order(contenders, beats)
         point.best_so_far = best[1].speedup if best else None
     shapes = [ShapeLine(name=n, colour=SHAPE_COLOURS[i % len(SHAPE_COLOURS)]) for i, n in enumerate(names)]
     return RunChart(shapes=shapes, steps=steps, best_attempt_id=best[0] if best else None)

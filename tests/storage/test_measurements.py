@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import test_storage
 from server_fixtures import measured_benchmark, passed_test
-from sqlalchemy import Connection, inspect, text
+from sqlalchemy import Connection, Engine, inspect, text
 from sqlmodel import Session, select
 
 from kernelloop.contract import RunCreate
@@ -144,7 +144,8 @@ def test_the_ranking_rule_on_recorded_measurements() -> None:
 
 
 def as_v6_wrote_them(connection: Connection) -> None:
-    """The tables as v6 wrote them: no measurements, no interval, no run step, no run provenance."""
+    """The tables as v6 wrote them: no measurements, no interval, no run step, no run provenance (and no duels)."""
+    connection.execute(text("DROP TABLE duels"))
     connection.execute(text("DROP TABLE measurements"))
     for table, column in (
         ("attempts", "speedup_low"),
@@ -157,14 +158,20 @@ def as_v6_wrote_them(connection: Connection) -> None:
         connection.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
 
 
-def test_the_upgrade_from_v6_makes_a_measurement_of_every_kept_benchmark(tmp_path: Path) -> None:
-    path = tmp_path / "v6.sqlite3"
+def a_measured_database(path: Path, code: str) -> tuple[Engine, int, list[float]]:
+    """A new database at `path` with one attempt of `code` benchmarked three times at random speedups."""
     engine = open_database(database_url(str(path)))
     speedups = [random.uniform(0.5, 2.0) for _ in range(3)]
     with Session(engine) as session:
         problems.sync_shipped(session)
-        attempt_id = _attempt(session, "# kept by v5")
+        attempt_id = _attempt(session, code)
         test_storage._record(session, attempt_id, *(measured_benchmark(s) for s in speedups))
+    return engine, attempt_id, speedups
+
+
+def test_the_upgrade_from_v6_makes_a_measurement_of_every_kept_benchmark(tmp_path: Path) -> None:
+    path = tmp_path / "v6.sqlite3"
+    engine, attempt_id, speedups = a_measured_database(path, "# kept by v5")
     with engine.begin() as connection:
         as_v6_wrote_them(connection)
         connection.execute(text("UPDATE attempts SET speedup = :s"), {"s": speedups[-1]})  # v6: the latest timing
@@ -175,7 +182,7 @@ def test_the_upgrade_from_v6_makes_a_measurement_of_every_kept_benchmark(tmp_pat
     assert "run_step" in {c["name"] for c in inspect(engine).get_columns("jobs")}
     assert {"version", "source_commit"} <= {c["name"] for c in inspect(engine).get_columns("runs")}
     with Session(engine) as session:
-        assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION == 7
+        assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION == 8
         attempt = session.get(Attempt, attempt_id)
         taken = history.measurements(session, attempt_id)
     assert attempt is not None and attempt.measurements == 3

@@ -122,7 +122,7 @@ def test_the_upgrade_from_v5_keeps_the_attempts_and_verdicts_as_infer_and_measur
     indexes = {index["name"] for index in inspect(engine_).get_indexes("attempts")}
     assert "ux_attempts_run_code_backend_mode" in indexes and "ux_attempts_run_code_backend" not in indexes
     with Session(engine_) as session:
-        assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION == 7
+        assert session.exec(select(SchemaInfo)).one().version == SCHEMA_VERSION == 8
         kept = session.get(Attempt, attempt_id)
         assert kept is not None and kept.mode == "infer" and kept.correct and kept.speedup == pytest.approx(1.7)
         assert kept.measurements == 1 and [m.speedup for m in history.measurements(session, attempt_id)] == [
