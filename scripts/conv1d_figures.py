@@ -4,6 +4,7 @@ Run on the GPU machine (an H200), from the repository root with kernelloop insta
 
     python3 scripts/conv1d_figures.py --problem causal_conv1d,causal_conv1d_fp32,mamba_causal_conv1d
     python3 scripts/conv1d_figures.py --problem mamba_causal_conv1d --precision bf16
+    python3 scripts/conv1d_figures.py --mode train --problem causal_conv1d --policy strict --no-compile
 
 For every benchmark shape of a problem it times the reference `Model` under the problem's precision policy,
 `torch.compile` of it, Dao-AILab's `causal_conv1d_fn` (mamba_causal_conv1d only, where the package imports) and
@@ -14,6 +15,14 @@ time.perf_counter and no flush). Each row has its speedup over the reference tim
 the roofline floor it reaches (the service's floors and the datasheet's peaks; none on the CPU or an unknown GPU;
 for bf16/fp16 only the memory term, bytes scaled to the element size) and its error, max|out - truth| / max|truth|,
 against a float64 truth of the reference on the same weights and input. A row over the tolerance is WRONG.
+
+With `--mode train` every timed call is one training step, as the service's benchmark times it in that mode: the
+forward, then the backward from an upstream gradient drawn once per shape, the gradients of the input and of every
+parameter cleared before each step. The templates are those the problem ships for training; the error is the
+largest over the output and every gradient against the float64 forward and backward of the reference; the floor is
+the memory floor of a step, the bytes a forward and a backward cannot avoid (the forward reads the input and the
+parameters and writes the output; the backward reads the upstream gradient, the input and the parameters and writes
+their gradients: 3 x (input + parameters) + 2 x output).
 
 Exit status: 0 when every row ran (skips included), 1 when a row failed or is WRONG, 2 on bad arguments.
 """
@@ -70,7 +79,17 @@ NOTE_CHARS = 600
 
 
 Kernels = dict[str, type[torch.nn.Module] | str]  # label -> ModelNew, or why there is none
-Maker = Callable[[], Callable[[], Any]]
+
+
+@dataclass
+class Call:
+    """An implementation's forward on the shape's inputs, and the parameters its backward gives gradients to."""
+
+    forward: Callable[[], Any]
+    parameters: list[torch.nn.Parameter]
+
+
+Maker = Callable[[], Call]
 
 
 class Skipped(Exception):
@@ -108,6 +127,10 @@ class Run:
     args: argparse.Namespace
     flush: torch.Tensor | None
 
+    @property
+    def train(self) -> bool:
+        return bool(self.args.mode == "train")
+
 
 def bench(call: Callable[[], Any], reps: int, flush: torch.Tensor | None) -> float:
     """Median milliseconds of `reps` calls after warm-up; on CUDA each after an L2 flush, between CUDA events."""
@@ -136,7 +159,7 @@ def bench(call: Callable[[], Any], reps: int, flush: torch.Tensor | None) -> flo
 def build_kernels(run_dir: Path, problem: str, backend: Backend, args: argparse.Namespace) -> Kernels:
     """Each template at its defaults (or its --params point) and each --template-file, imported, which builds it."""
     sources: dict[str, str] = {}
-    for template in discover_templates(problem, backend):
+    for template in discover_templates(problem, backend, mode=args.mode):
         if args.templates is None or template.name in args.templates:
             params: Params = {**template.default_params, **args.params.get(template.name, {})}
             sources[template.name] = template.render(params)
@@ -152,7 +175,7 @@ def build_kernels(run_dir: Path, problem: str, backend: Backend, args: argparse.
     return kernels
 
 
-def package_call(run: Run, reference: torch.nn.Module, inputs: list[Any]) -> Callable[[], Any]:
+def package_call(run: Run, reference: torch.nn.Module, inputs: list[Any]) -> Call:
     """Dao-AILab's causal_conv1d_fn on the reference's weights, where the package imports and runs here."""
     try:
         package = importlib.import_module("causal_conv1d")
@@ -168,14 +191,16 @@ def package_call(run: Run, reference: torch.nn.Module, inputs: list[Any]) -> Cal
         raise Skipped("the causal_conv1d package runs on CUDA only")
     conv: Any = reference.conv
     channels, kernel_size = conv.weight.shape[0], conv.weight.shape[-1]
-    weight = conv.weight.view(channels, kernel_size)
     activation = "silu" if getattr(reference, "silu", True) else None
-    return lambda: package.causal_conv1d_fn(inputs[0], weight, conv.bias, activation=activation)
+
+    def forward() -> Any:  # the weight's view, made in the step, passes its gradient on to the parameter
+        weight = conv.weight.view(channels, kernel_size)
+        return package.causal_conv1d_fn(inputs[0], weight, conv.bias, activation=activation)
+
+    return Call(forward, list(reference.parameters()))
 
 
-def kernel_call(
-    run: Run, label: str, shape: ShapeSpec, reference: torch.nn.Module, inputs: list[Any]
-) -> Callable[[], Any]:
+def kernel_call(run: Run, label: str, shape: ShapeSpec, reference: torch.nn.Module, inputs: list[Any]) -> Call:
     """ModelNew of a built kernel, on the device, with the reference's parameters copied in."""
     built = run.kernels[label]
     if isinstance(built, str):
@@ -183,18 +208,18 @@ def kernel_call(
     model = built(*shape.init_inputs).to(run.device)
     model = (model.to(run.dtype) if run.cast else model).train(reference.training)
     copy_parameters(reference, model)
-    return lambda: model(*inputs)
+    return Call(partial(model, *inputs), list(model.parameters()))
 
 
-def compiled_call(reference: torch.nn.Module, inputs: list[Any]) -> Callable[[], Any]:
+def compiled_call(reference: torch.nn.Module, inputs: list[Any]) -> Call:
     torch._dynamo.reset()  # a static graph for this shape, not a dynamic one left by the last shape's recompile
     compiled = torch.compile(reference)  # compiles at its first call, the one checked against the truth
-    return lambda: compiled(*inputs)
+    return Call(partial(compiled, *inputs), list(reference.parameters()))
 
 
 def implementations(run: Run, shape: ShapeSpec, reference: torch.nn.Module, inputs: list[Any]) -> dict[str, Maker]:
     """Label -> a function that makes the call to time (or raises Skipped, or why it cannot be made)."""
-    found: dict[str, Maker] = {"reference": lambda: lambda: reference(*inputs)}
+    found: dict[str, Maker] = {"reference": lambda: Call(partial(reference, *inputs), list(reference.parameters()))}
     if run.args.compile:
         found["torch.compile"] = partial(compiled_call, reference, inputs)
     if run.spec.name == PACKAGE_PROBLEM:
@@ -204,29 +229,57 @@ def implementations(run: Run, shape: ShapeSpec, reference: torch.nn.Module, inpu
     return found
 
 
-def floor_ms(run: Run, shape: ShapeSpec) -> float | None:
-    """The roofline floor of the shape on this GPU (datasheet peaks), or None where it is unknown."""
+def floor_ms(
+    run: Run, shape: ShapeSpec, reference: torch.nn.Module, inputs: list[Any], output: list[Any]
+) -> float | None:
+    """The roofline floor of the shape on this GPU (datasheet peaks), or None where it is unknown; in training mode
+    the memory floor of a step (the module's docstring counts its bytes)."""
     if run.device.type != "cuda" or shape.bytes is None:
         return None
     peaks = datasheet_peaks(torch.cuda.get_device_name(run.device))
+    if run.train:
+        if peaks is None:
+            return None
+        tensors = {"input": inputs, "parameters": list(reference.parameters()), "output": output}
+        size = {
+            k: sum(t.numel() * t.element_size() for t in v if isinstance(t, torch.Tensor)) for k, v in tensors.items()
+        }
+        step_bytes = 3 * (size["input"] + size["parameters"]) + 2 * size["output"]
+        return step_bytes / peaks.bandwidth_bytes_s * 1e3
     scale = run.dtype.itemsize / DTYPES[run.spec.dtype].itemsize
     memory, floor = floors(peaks, shape.flops, int(shape.bytes * scale), run.policy.allow_tf32)
     return memory if run.dtype in (torch.float16, torch.bfloat16) else floor
 
 
-def measure(run: Run, row: Row, make: Maker, expected: list[Any], truth: list[Any]) -> None:
+def training_step(call: Call, inputs: list[Any], grad_output: torch.Tensor) -> list[Any]:
+    """One forward and backward, every gradient cleared first: [output, each input's gradient, each parameter's]."""
+    leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad] + call.parameters
+    for leaf in leaves:
+        leaf.grad = None
+    out = call.forward()
+    out.backward(grad_output)
+    return [out.detach(), *(leaf.grad for leaf in leaves)]
+
+
+def measure(run: Run, row: Row, make: Maker, shape_inputs: Inputs) -> None:
     """Fill in one row: the call's error against the truth, then its time; a failure or a skip says why."""
     try:
         call = make()
-        with torch.no_grad():
-            out = call()
-            mismatch = format_problem(out, expected)
+        given = shape_inputs
+        timed = partial(training_step, call, given.inputs, given.grad_output) if run.train else call.forward
+        with torch.enable_grad() if run.train else torch.no_grad():
+            out = timed()
+            mismatch = format_problem(out[0] if run.train else out, given.expected)
             if mismatch:
                 raise ValueError(mismatch)
-            errors = [relative_max_error(o, t) for o, t in zip(flatten_outputs(out) or [], truth)]
-            row.error = max(errors, default=0.0)
-            del out
-            row.ms = bench(call, run.args.reps, run.flush)
+            got = out if run.train else flatten_outputs(out) or []
+            if len(got) != len(given.truth) or any(g is None for g in got):
+                raise ValueError(
+                    f"{len(given.truth)} tensors expected (the output and each gradient), {len(got)} given"
+                )
+            row.error = max((relative_max_error(o, t) for o, t in zip(got, given.truth)), default=0.0)
+            del out, got
+            row.ms = bench(timed, run.args.reps, run.flush)
     except Skipped as exc:
         row.status, row.note = "skipped", f"skipped: {exc}"
     except Exception as exc:
@@ -237,31 +290,63 @@ def measure(run: Run, row: Row, make: Maker, expected: list[Any], truth: list[An
         row.note = f"WRONG: over the tolerance {run.policy.max_rel_error:g}; {row.note}".rstrip("; ")
 
 
-def time_shape(run: Run, shape: ShapeSpec) -> list[Row]:
-    """Every implementation on one shape: the same weights (the reference's, built under the seed) and input."""
+@dataclass
+class Inputs:
+    """A shape's inputs (in training mode, the floating-point ones leaves that take a gradient), and what every
+    implementation must give back for them: the reference's output, and the float64 truth of the output (and, in
+    training mode, of each gradient) from the upstream gradient drawn for the shape."""
+
+    inputs: list[Any]
+    expected: list[Any]
+    truth: list[Any]
+    grad_output: torch.Tensor | None
+
+
+def shape_inputs(run: Run, shape: ShapeSpec, reference: torch.nn.Module) -> Inputs:
     seed = run.args.seed
-    torch.manual_seed(seed)
-    reference = run.module.Model(*shape.init_inputs).to(run.device)
-    reference = (reference.to(run.dtype) if run.cast else reference).train(run.policy.training_mode)
     inputs = draw_inputs(run.module, shape, run.dtype, run.device, seed, cast=run.cast)
+    if run.train:
+        inputs = [
+            x.detach().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x for x in inputs
+        ]
+    reference64 = copy.deepcopy(reference).double()
+    as64 = [
+        x.detach().double().requires_grad_(x.requires_grad)
+        if isinstance(x, torch.Tensor) and x.is_floating_point()
+        else x
+        for x in inputs
+    ]
     with torch.no_grad():
         expected = flatten_outputs(reference(*inputs)) or []
-        as64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-        truth = flatten_outputs(copy.deepcopy(reference).double()(*as64)) or []
-        del as64
-    floor = floor_ms(run, shape)
+    if not run.train:
+        with torch.no_grad():
+            truth = flatten_outputs(reference64(*as64)) or []
+        return Inputs(inputs, expected, truth, None)
+    generator = torch.Generator(device=run.device).manual_seed(seed + 1)
+    grad_output = torch.randn(expected[0].shape, generator=generator, device=run.device, dtype=expected[0].dtype)
+    truth = training_step(Call(partial(reference64, *as64), list(reference64.parameters())), as64, grad_output.double())
+    return Inputs(inputs, expected, truth, grad_output)
+
+
+def time_shape(run: Run, shape: ShapeSpec) -> list[Row]:
+    """Every implementation on one shape: the same weights (the reference's, built under the seed) and input."""
+    torch.manual_seed(run.args.seed)
+    reference = run.module.Model(*shape.init_inputs).to(run.device)
+    reference = (reference.to(run.dtype) if run.cast else reference).train(run.policy.training_mode)
+    given = shape_inputs(run, shape, reference)
+    floor = floor_ms(run, shape, reference, given.inputs, given.expected)
     rows: list[Row] = []
-    for label, make in implementations(run, shape, reference, inputs).items():
+    for label, make in implementations(run, shape, reference, given.inputs).items():
         row = Row(run.spec.name, shape.name, label)
         if label in run.args.params:
             row.note = f"--params {json.dumps(run.args.params[label])}"
-        measure(run, row, make, expected, truth)
+        measure(run, row, make, given)
         if row.ms:
             base = rows[0].ms if rows else row.ms
             row.speedup = base / row.ms if base else None
             row.floor_fraction = floor / row.ms if floor is not None else None
         rows.append(row)
-    del reference, inputs, expected, truth
+    del reference, given
     free_device_memory(run.device)
     return rows
 
@@ -294,9 +379,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--problem", action="append", help="problem name(s), repeatable or comma-separated (default: the conv1d ones)")
     add("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     add("--precision", choices=list(PRECISIONS), help="cast inputs and models to it (default: the problem's dtype)")
+    add("--policy", choices=["strict", "tf32"], help="run and judge the reference under it (default: the problem's)")
     add("--shapes", action="append", help="shape names, comma-separated (default: the backend's benchmark shapes)")
     add("--reps", type=int, default=50, help="timed calls per implementation and shape (the median is reported)")
     add("--seed", type=int, default=0, help="seed of the weights and inputs")
+    add("--mode", choices=["infer", "train"], default="infer", help="time the forward, or a forward and backward step")
     add("--params", type=Path, help='JSON file {"template": {"PARAM": value, ...}, ...}')
     add("--no-compile", dest="compile", action="store_false", help="do not time torch.compile of the reference")
     add("--json", type=Path, help="write every row to this file as JSON too")
@@ -325,7 +412,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.shapes, args.templates = comma_list(args.shapes), comma_list(args.templates)
     shapes = sorted({s.name for p in args.specs.values() for s in p.shapes if args.device in s.backends})
     check("--shapes", args.shapes, shapes)
-    templates = sorted({t.name for p in args.problem for t in discover_templates(p, args.device)})
+    templates = sorted({t.name for p in args.problem for t in discover_templates(p, args.device, mode=args.mode)})
     check("--templates", args.templates, templates)
     try:
         args.params = json.loads(args.params.read_text()) if args.params else {}
@@ -351,7 +438,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run_problem(run_dir: Path, spec: ProblemSpec, args: argparse.Namespace, flush: torch.Tensor | None) -> list[Row]:
     backend: Backend = "cuda" if args.device == "cuda" else "cpu"
-    policy = verdict_policy(spec, None, args.precision)
+    policy = verdict_policy(spec, args.policy, args.precision)
     set_precision_policy(policy)
     dtype = DTYPES[job_dtype(spec, args.precision)]
     kernels = build_kernels(run_dir, spec.name, backend, args)
@@ -361,7 +448,8 @@ def run_problem(run_dir: Path, spec: ProblemSpec, args: argparse.Namespace, flus
         shapes = spec.benchmark_shapes(backend)
     else:
         shapes = [s for s in spec.shapes if backend in s.backends and s.name in args.shapes]
-    print(f"\n### {spec.name} ({job_dtype(spec, args.precision)}; {describe_policy(policy)})\n")
+    step = "forward+backward, % of the step's memory floor" if args.mode == "train" else "forward"
+    print(f"\n### {spec.name} ({job_dtype(spec, args.precision)}; {describe_policy(policy)}; {step})\n")
     rows = [row for shape in shapes for row in time_shape(run, shape)]
     print(table(rows) if rows else "no shape of this problem was asked for on this backend", flush=True)
     return rows

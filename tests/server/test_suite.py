@@ -294,7 +294,9 @@ def test_a_suite_run_in_pieces_keeps_what_it_judged_and_adds_the_rest(
     assert len(attempts) == 3, [(a["id"], a["problem"]) for a in attempts]  # one per solution, none judged twice
     wasteful = kept["1_Wasteful_add_one"]["seconds"]
     assert {"compile", "test", "benchmark", "test.worker_start"} <= set(wasteful), wasteful
-    assert f"suite {first['id']}: level1/1_Wasteful_add_one passed " in first_err, first_err
+    # the line carries the entry's verdict: passed on a quiet host, suspicious where the host's load spoiled the timing
+    assert kept["1_Wasteful_add_one"]["status"] in ("passed", "suspicious"), kept
+    assert f"suite {first['id']}: level1/1_Wasteful_add_one {kept['1_Wasteful_add_one']['status']} " in first_err
     assert f"suite {first['id']}: level1/2_Scale wrong_result" in first_err, first_err
     assert unknown_code == 2 and "no suite 999" in unknown_err, unknown_err
 

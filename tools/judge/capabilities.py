@@ -1,12 +1,14 @@
 """The judge's one capability, and how it is kept from everything else.
 
 Under bubblewrap the worker starts with CAP_SYS_ADMIN in the sandbox's own user namespace (nothing outside it: the
-namespace maps one unprivileged uid). It needs it for one call, at its start: the `unshare(CLONE_NEWPID)` that puts
-its runner in a pid namespace of its own, where no process of the judge's has a number (`runner_link`). So:
-`keep_out_of_programs` first (no program the judge starts inherits it: the ambient and inheritable sets emptied),
-then `drop_all` in the judge and in the runner's launcher as soon as the runner exists; the runner and everything
-it starts hold none. Elsewhere (no bubblewrap) the worker holds what the service gave it, and these calls change
-only what it can pass on.
+namespace maps one unprivileged uid). It needs it at its start, for its runner (`runner_link`): the
+`unshare(CLONE_NEWPID | CLONE_NEWNS)` that puts the runner in a pid namespace of its own, where no process of the
+judge's has a number, and the runner's two mounts in its own mount namespace (its tree made private, its /proc entry
+bound where CUDA looks for it). So: `keep_out_of_programs` first (no program the judge starts inherits it: the
+ambient and inheritable sets emptied), then `drop_all` in the judge, in the runner's launcher as soon as the runner
+exists, and in the runner right after its mounts; the runner and everything it starts hold none.
+Elsewhere (no bubblewrap) the worker holds what the service gave it, and these calls change only what it can pass
+on.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ from kernelloop.tools.runner.messages import Finish, Finished, Reply, ReplyEnvel
 
 ReplyT = TypeVar("ReplyT", bound=BaseModel)
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
-CLONE_NEWPID = 0x20000000
+CLONE_NEWPID, CLONE_NEWNS = 0x20000000, 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
 POLL_S = 1.0
 RUNNER_MODULE = "kernelloop.tools.runner.serve"
 SPAWN_MODULE = "kernelloop.tools.runner.spawn"
@@ -307,25 +308,30 @@ def _descendants(root: int) -> list[tuple[int, int, int]]:
 
 
 def _fork_runner(socket_fd: int) -> tuple[ForkedRunner, bool]:
-    """The runner, forked from the judge by a short-lived launcher that first puts its children in a pid namespace
-    of their own (where the judge can, `capabilities`) and gives up every capability: the runner is that
-    namespace's first process, so no thread of the judge's has a number any call of the candidate's could name
-    (scheduling, affinity, priority, limits, signals, tracing), and the namespace ends with it, whatever the
-    candidate left running there. The launcher exits at once and the runner becomes the judge's child (the judge is
-    a subreaper). Where no namespace can be made (no sandbox, or one without the capability), the runner shares the
-    judge's and its guard names the judge's pid. Returns the runner and whether it has a namespace of its own."""
+    """The runner, forked from the judge by a short-lived launcher that first puts its children in a pid and a
+    mount namespace of their own (where the judge can, `capabilities`): the runner is that pid namespace's first
+    process, so no thread of the judge's has a number any call of the candidate's could name (scheduling, affinity,
+    priority, limits, signals, tracing), and the namespace ends with it, whatever the candidate left running there.
+    The runner shows its own /proc entry where its number points (`_own_proc_entry`), and only then gives up every
+    capability, as the launcher does once it has forked it. The launcher exits at once and the runner becomes the
+    judge's child (the judge is a subreaper). Where no namespace can be made (no sandbox, or one without the
+    capability), the runner shares the judge's and its guard names the judge's pid. Returns the runner and whether
+    it has a namespace of its own."""
     judge_pid = os.getpid()
     read_end, write_end = os.pipe()
     launcher = os.fork()
     if launcher == 0:
         try:
             os.close(read_end)
-            own = ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWPID) == 0
-            capabilities.drop_all()
+            own = ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWPID | CLONE_NEWNS) == 0
             pid = os.fork()
             if pid == 0:
                 os.close(write_end)
+                if own:
+                    _own_proc_entry()
+                capabilities.drop_all()
                 _become_runner(socket_fd, None if own else judge_pid)
+            capabilities.drop_all()
             os.write(write_end, f"{pid} {int(own)}".encode())
         finally:
             os._exit(0)
@@ -338,6 +344,23 @@ def _fork_runner(socket_fd: int) -> tuple[ForkedRunner, bool]:
     except ValueError:
         raise RuntimeError(f"the runner's launcher failed (it said {answer!r})") from None
     return ForkedRunner(pid), bool(own)
+
+
+def _own_proc_entry() -> None:
+    """In the runner, pid 1 of its namespace: its own /proc entry bound over /proc/1, in a mount namespace of its
+    own made private first (nothing it mounts reaches the judge's view). The /proc it sees is the sandbox's, which
+    numbers processes as the judge's namespace does: /proc/<getpid()>, i.e. /proc/1, is another process there (the
+    sandbox's init), and CUDA's driver, which reads it, refuses to start (cudaGetDeviceCount: error 304, "OS call
+    failed"). A fresh /proc of the runner's namespace cannot be mounted there: the kernel refuses procfs under
+    bubblewrap's read-only covers of /proc/irq and /proc/bus. A runner that cannot bind it says so on its error
+    output and goes on: its CPU work needs none of it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    outer = f"/proc/{os.readlink('/proc/self')}".encode()  # /proc/self: the runner's number in the sandbox's /proc
+    for source, target, flags in ((None, b"/", MS_REC | MS_PRIVATE), (outer, b"/proc/1", MS_BIND)):
+        if libc.mount(source, target, None, flags, None) != 0:
+            why = os.strerror(ctypes.get_errno())
+            os.write(2, f"the runner could not bind its own /proc entry as /proc/1 ({why}): no CUDA here\n".encode())
+            return
 
 
 def _become_runner(socket_fd: int, judge_pid: int | None) -> NoReturn:

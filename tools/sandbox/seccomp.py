@@ -2,11 +2,12 @@
 
 It refuses (EPERM) the system calls a kernel build, a Python interpreter and a CUDA program never need and
 an escape always does: mounts and namespaces, tracing other processes, kernel keyrings, BPF, module and
-kexec loading, io_uring, handles that bypass path checks. `unshare` is refused but for one use, a new pid
-namespace for the caller's children: it takes a capability that only the judge holds, and only at its start
-(`kernelloop.tools.judge.capabilities`). Every other call is allowed: the namespaces, the read-only view and the
-dropped capabilities do the rest. A call from another ABI (32-bit x86, x32) is refused outright, so a number from
-another table cannot slip past the list.
+kexec loading, io_uring, handles that bypass path checks. `unshare` and `mount` are refused but for the uses the
+judge makes of them at its start, with a capability only it holds (`kernelloop.tools.judge.capabilities`): a pid
+and a mount namespace for its runner, where the runner makes its mounts private and binds its own /proc entry
+(`mount`'s flags are the one argument a filter can read: those two values pass, no other). Every other call
+is allowed: the namespaces, the read-only view and the dropped capabilities do the rest. A call from another ABI
+(32-bit x86, x32) is refused outright, so a number from another table cannot slip past the list.
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ X32_SYSCALL_BIT = 0x40000000
 LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
 RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
 OFFSET_NR, OFFSET_ARCH, OFFSET_ARGS = 0, 4, 16  # struct seccomp_data: the first argument's low word, then its high
-CLONE_NEWPID = 0x20000000
+CLONE_NEWPID, CLONE_NEWNS = 0x20000000, 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
+RUNNER_MOUNT_FLAGS = (MS_REC | MS_PRIVATE, MS_BIND)
+"""the runner's two mounts (`kernelloop.tools.judge.runner_link`): its tree made private, its /proc entry bound"""
+OFFSET_MOUNT_FLAGS = OFFSET_ARGS + 3 * 8  # mount(source, target, type, flags, data): the fourth argument
 REFUSE = -1
 
 
@@ -70,21 +75,29 @@ def filter_program(machine: str | None = None) -> bytes:
     machine = machine or platform.machine()
     if machine not in SYSCALLS:
         raise SeccompUnsupported(f"no seccomp filter for the {machine} architecture (known: {', '.join(SYSCALLS)})")
-    unshare = SYSCALLS[machine]["unshare"]
-    numbers = sorted({SYSCALLS[machine][name] for name in REFUSED} - {unshare})
+    unshare, mount = SYSCALLS[machine]["unshare"], SYSCALLS[machine]["mount"]
+    numbers = sorted({SYSCALLS[machine][name] for name in REFUSED} - {unshare, mount})
     # (code, jt, jf, k), a jump of REFUSE going to the final `refuse`
     program: list[tuple[int, int, int, int]] = [(LD_W_ABS, 0, 0, OFFSET_NR)]
     if machine == "x86_64":  # x32 calls share the arch value and set this bit: refuse them all
         program.append((JGE_K, REFUSE, 0, X32_SYSCALL_BIT))
     program += [(JEQ_K, REFUSE, 0, number) for number in numbers]
-    # unshare: a pid namespace for the children alone (the judge's runner, `capabilities`), nothing else
+    # unshare and mount: the judge's runner's namespaces and mounts (`capabilities`), nothing else
+    private, bind = RUNNER_MOUNT_FLAGS
     program += [
-        (JEQ_K, 1, 0, unshare),
+        (JEQ_K, 2, 0, unshare),
+        (JEQ_K, 6, 0, mount),
         (RET_K, 0, 0, RET_ALLOW),  # every call not refused above
-        (LD_W_ABS, 0, 0, OFFSET_ARGS),
-        (JEQ_K, 0, REFUSE, CLONE_NEWPID),
+        (LD_W_ABS, 0, 0, OFFSET_ARGS),  # unshare's flags: a pid and a mount namespace, exactly
+        (JEQ_K, 0, REFUSE, CLONE_NEWPID | CLONE_NEWNS),
         (LD_W_ABS, 0, 0, OFFSET_ARGS + 4),
         (JEQ_K, 0, REFUSE, 0),
+        (RET_K, 0, 0, RET_ALLOW),
+        (LD_W_ABS, 0, 0, OFFSET_MOUNT_FLAGS + 4),  # mount's flags: one of the runner's two values, exactly
+        (JEQ_K, 0, REFUSE, 0),
+        (LD_W_ABS, 0, 0, OFFSET_MOUNT_FLAGS),
+        (JEQ_K, 1, 0, private),
+        (JEQ_K, 0, REFUSE, bind),
         (RET_K, 0, 0, RET_ALLOW),
     ]
     refuse_at = len(program)
