@@ -29,7 +29,7 @@ run: $(BIN)/.kernelloop-run-installed
 # change) and the scenarios (marked `scenario`: real builds of torch's headers, a search, services, a browser).
 # Each run prints its time against its budget and its ten slowest tests, and fails only past twice its budget.
 TEST_PROCESSES ?= 2
-PYTEST = $(BIN)/python -m pytest --numprocesses=$(TEST_PROCESSES) --dist=loadfile --durations=10
+PYTEST = $(BIN)/python -m pytest --numprocesses=$(TEST_PROCESSES) --dist=loadfile --durations=10 $(COVERAGE_OPTIONS)
 # The fast tier's budget is its target (5 minutes). The scenarios' is set where they are (1025 s on a quiet host,
 # 2026-12-06) rather than at their 600 s share of a 15-minute suite, which they do not meet yet: twice 600 left a
 # loaded host 17% of room, so the budget rule would fail on the host's load, not on a regression.
@@ -43,11 +43,23 @@ test-scenarios: $(BIN)/.kernelloop-installed
 
 # Both tiers, the scenarios even when a fast test failed: one run shows every failure. They share one test folder
 # (KERNELLOOP_TEST_ROOT: the C++ helper and the build cache), so what the fast tier built is not built again.
+# Both measure code coverage (pytest-cov; the sandboxed workers' too, tools/sandbox/code_coverage.py), the second
+# adding to the first's data; the figures per folder come last, and a folder under its floor fails the run.
+COVERAGE_FLOORS ?= tools/judge=90 tools/sandbox=90
 test: $(BIN)/.kernelloop-installed
 	@root=$$(mktemp -d /var/tmp/kernelloop-tests-XXXXXX 2>/dev/null || mktemp -d); status=0; \
-	  KERNELLOOP_TEST_ROOT=$$root $(MAKE) --no-print-directory test-fast || status=1; \
-	  KERNELLOOP_TEST_ROOT=$$root $(MAKE) --no-print-directory test-scenarios || status=1; \
-	  rm -rf "$$root"; exit $$status
+	  KERNELLOOP_TEST_ROOT=$$root $(MAKE) --no-print-directory test-fast COVERAGE_OPTIONS="--cov --cov-report=" \
+	    || status=1; \
+	  KERNELLOOP_TEST_ROOT=$$root $(MAKE) --no-print-directory test-scenarios \
+	    COVERAGE_OPTIONS="--cov --cov-append --cov-report=" || status=1; \
+	  rm -rf "$$root"; \
+	  $(MAKE) --no-print-directory coverage-report || status=1; \
+	  exit $$status
+
+# The coverage `make test` measured, per folder; a folder under its floor (COVERAGE_FLOORS) fails it.
+.PHONY: coverage-report
+coverage-report: $(BIN)/.kernelloop-installed
+	$(BIN)/python scripts/coverage_by_folder.py $(addprefix --require ,$(COVERAGE_FLOORS))
 
 # The quality gate CI runs beside the tests: lint, formatting and types.
 check: $(BIN)/.kernelloop-installed

@@ -358,19 +358,30 @@ def _busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this test process and of every process it started and reaped (a job's sandboxed worker and
+    the runner it forked, a service and the jobs it ran): the suite's cost, whatever else the host runs."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """KERNELLOOP_TEST_CPU_LOG=FILE: each test's wall time and the machine's busy CPU seconds during it (set-up
-    and tear-down included), so that the suite's cost on a small CI runner can be cut where it is spent."""
+    """KERNELLOOP_TEST_CPU_LOG=FILE: each test's wall time, the machine's busy CPU seconds during it, and the CPU
+    seconds of the test's own processes (set-up and tear-down included; a process a module's fixture started counts
+    where it is reaped), so that the suite's cost on a small CI runner can be cut where it is spent."""
     target = os.environ.get("KERNELLOOP_TEST_CPU_LOG")
     if not target:
         yield
         return
 
-    started, busy = time.monotonic(), _busy_seconds()
+    started, busy, own = time.monotonic(), _busy_seconds(), _own_cpu_seconds()
     yield
     with open(target, "a") as log:
-        log.write(f"{item.nodeid}\t{time.monotonic() - started:.1f}\t{_busy_seconds() - busy:.1f}\n")
+        log.write(
+            f"{item.nodeid}\t{time.monotonic() - started:.1f}\t{_busy_seconds() - busy:.1f}"
+            f"\t{_own_cpu_seconds() - own:.1f}\n"
+        )
 
 
 # ---- tiers: `make test-fast` (the unit and contract tests) and the scenarios (`-m scenario`), each with a budget --

@@ -28,7 +28,7 @@ from pathlib import Path
 from kernelloop.tools.compilation import header_cache, object_cache, observer_library, toolchain
 from kernelloop.tools.jobs import FREEZER_FDS_VARIABLE, FreezerFiles
 from kernelloop.tools.results import Isolation, SandboxReport
-from kernelloop.tools.sandbox import seccomp, view
+from kernelloop.tools.sandbox import code_coverage, seccomp, view
 from kernelloop.tools.sandbox.cgroups import JobCgroup
 from kernelloop.tools.sandbox.limits import Limits, LimitWatch
 from kernelloop.tools.sandbox.process_watch import ProcessWatch
@@ -227,6 +227,7 @@ def worker_environment(extra: dict[str, str], job_dir: Path) -> dict[str, str]:
         # left 0.3-1.4 ms a call outside its own clock, over the envelope's margin. Idle threads sleep instead.
         OMP_WAIT_POLICY="PASSIVE",
     )
+    env.update(code_coverage.worker_environment(job_dir))
     env.update(extra)
     return env
 
@@ -350,6 +351,7 @@ class StartedWorker:
         self.discard()
         for thread in (*self.readers, messages, feeder):
             thread.join(timeout=10)
+        code_coverage.collect(self.job_dir)
         code = proc.returncode
         if self.isolation == "bubblewrap" and code is not None and code > 128 and code - 128 in signal.valid_signals():
             code = 128 - code  # bwrap reports its child's death by signal N as exit status 128+N

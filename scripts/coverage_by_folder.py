@@ -1,0 +1,79 @@
+"""Line coverage per top-level folder (and per folder of tools/), from the data `make test` combined.
+
+    python scripts/coverage_by_folder.py [--data-file .coverage] [--require tools/judge=90 ...]
+
+Prints one line per folder: statements, statements run, the percentage. With --require FOLDER=PERCENT, exits 1
+when a folder is below its floor, naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import coverage
+
+REPO = Path(__file__).resolve().parents[1]
+SPLIT_FOLDERS = ("tools",)
+"""top-level folders reported per sub-folder too: tools/ holds the judge, the runner, the sandbox, the compilation"""
+
+
+def folder_of(path: Path) -> str:
+    parts = path.relative_to(REPO).parts
+    if parts[0] in SPLIT_FOLDERS and len(parts) > 2:
+        return f"{parts[0]}/{parts[1]}"
+    return parts[0]
+
+
+def coverage_by_folder(data_file: Path) -> dict[str, tuple[int, int]]:
+    """Per folder: (statements, statements run)."""
+    measured = coverage.Coverage(data_file=str(data_file), config_file=str(REPO / "pyproject.toml"))
+    measured.load()
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for name in measured.get_data().measured_files():
+        path = Path(name)
+        if not path.is_relative_to(REPO) or not path.exists():
+            continue
+        _, statements, _, missing, _ = measured.analysis2(name)
+        total = totals[folder_of(path)]
+        total[0] += len(statements)
+        total[1] += len(statements) - len(missing)
+    return {folder: (total[0], total[1]) for folder, total in sorted(totals.items())}
+
+
+def parse_floor(text: str) -> tuple[str, float]:
+    folder, _, percent = text.partition("=")
+    try:
+        return folder, float(percent)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--require takes FOLDER=PERCENT (tools/judge=90), not {text!r}") from None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-file", type=Path, default=REPO / ".coverage", help="the combined coverage data")
+    parser.add_argument("--require", type=parse_floor, action="append", default=[], help="FOLDER=PERCENT floor")
+    args = parser.parse_args()
+    if not args.data_file.exists():
+        sys.exit(f"coverage: no data at {args.data_file}: run the tests with --cov first (make test does)")
+    figures = coverage_by_folder(args.data_file)
+    print(f"{'folder':<22}{'statements':>12}{'run':>8}{'coverage':>10}")
+    for folder, (statements, run) in figures.items():
+        print(f"{folder:<22}{statements:>12}{run:>8}{100 * run / max(statements, 1):>9.1f}%")
+    statements, run = (sum(column) for column in zip(*figures.values(), strict=True))
+    print(f"{'all':<22}{statements:>12}{run:>8}{100 * run / max(statements, 1):>9.1f}%")
+    below = [
+        f"{folder} {100 * figures[folder][1] / max(figures[folder][0], 1):.1f}% < {floor:g}%"
+        if folder in figures
+        else f"{folder}: not measured"
+        for folder, floor in args.require
+        if folder not in figures or 100 * figures[folder][1] / max(figures[folder][0], 1) < floor
+    ]
+    if below:
+        sys.exit("coverage below its floor: " + "; ".join(below))
+
+
+if __name__ == "__main__":
+    main()
