@@ -170,7 +170,7 @@ class RunLoop:
     async def _duel_within_noise(self, step: int, attempt_id: int | None) -> None:
         """A duel of the step's attempt against the run's best when its median beats the best's within the noise
         (RunRecord.duel_wanted); its verdict goes into the record."""
-        if self.record.duel_wanted(attempt_id) is None:
+        if not self.config.duels or self.record.duel_wanted(attempt_id) is None:
             return
         async with self._duelling:
             pair = self.record.duel_wanted(attempt_id)  # the best may have moved while another duel ran

@@ -74,6 +74,11 @@ class AgentRunConfig(BaseModel):
         description="infer: the forward alone; train: every job judges and times forward and backward, and the "
         "search proposes only templates that carry a backward",
     )
+    duels: bool = Field(
+        True,
+        description="a step whose median beats the best's inside the noise asks for a duel (both re-timed back to "
+        "back, on the run's time budget); false leaves every duel out, the best then moves on intervals alone",
+    )
     max_tool_errors: int = Field(
         3, ge=1, description="llm: replies in a row without a usable tool call before a trajectory ends"
     )

@@ -34,8 +34,8 @@ def coverage_by_folder(data_file: Path) -> dict[str, tuple[int, int]]:
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for name in measured.get_data().measured_files():
         path = Path(name)
-        if not path.is_relative_to(REPO) or not path.exists():
-            continue
+        if not path.is_relative_to(REPO) or path.suffix != ".py" or not path.exists():
+            continue  # the service's page templates run as code too (Jinja names their frames after the file)
         _, statements, _, missing, _ = measured.analysis2(name)
         total = totals[folder_of(path)]
         total[0] += len(statements)
@@ -59,6 +59,8 @@ def main() -> None:
     if not args.data_file.exists():
         sys.exit(f"coverage: no data at {args.data_file}: run the tests with --cov first (make test does)")
     figures = coverage_by_folder(args.data_file)
+    if not figures:
+        sys.exit(f"coverage: the data at {args.data_file} measured no file of {REPO} (another checkout's data?)")
     print(f"{'folder':<22}{'statements':>12}{'run':>8}{'coverage':>10}")
     for folder, (statements, run) in figures.items():
         print(f"{folder:<22}{statements:>12}{run:>8}{100 * run / max(statements, 1):>9.1f}%")

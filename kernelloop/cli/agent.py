@@ -60,6 +60,7 @@ def _config(args: argparse.Namespace, settings: AgentSettings) -> AgentRunConfig
         transcript=str(Path(args.transcript).resolve()) if args.transcript else None,
         search_time_budget_s=args.search_time_budget,
         memory_check=not args.no_memory_check,
+        duels=not args.no_duels,
         precision=args.precision,
         mode=args.mode,
         output=str(Path(args.output).resolve()) if args.output else None,
@@ -235,6 +236,12 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "--no-memory-check",
         action="store_true",
         help="on cuda, skip the forward under compute-sanitizer that ends each test (faster steps, no memory_error)",
+    )
+    run.add_argument(
+        "--no-duels",
+        action="store_true",
+        help="ask for no duel: a step whose median beats the best's inside the noise is ranked on its interval "
+        "alone, not re-timed back to back against the best (a shorter run, a less certain best)",
     )
     run.add_argument(
         "--precision",

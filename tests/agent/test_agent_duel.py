@@ -15,6 +15,9 @@ from kernelloop.agent.loop import RunLoop
 from kernelloop.agent.models import AgentRunConfig, Outcome, Proposal
 from kernelloop.agent.progress import Progress
 from kernelloop.agent.run_budget import LoopMemory
+from kernelloop.agent.settings import AgentSettings
+from kernelloop.cli import build_parser
+from kernelloop.cli.agent import _config
 from kernelloop.contract import DuelPublic, utcnow
 from kernelloop.tools.duel import DUEL_ROUNDS, DuelRound, DuelTiming, Verdict, decide, next_order
 from kernelloop.tools.speedup_estimate import SpeedupEstimate
@@ -143,3 +146,21 @@ def test_no_duel_once_the_runs_time_is_spent() -> None:
 
     asyncio.run(steps())
     assert service.asked == [] and loop.record.best()[0] == 7
+
+
+def test_a_run_asked_for_no_duels_ranks_a_step_within_the_noise_on_its_interval() -> None:
+    """`kernelloop agent run --no-duels`: the run's setting, parsed from the command line, leaves the duel out."""
+    argv = ["agent", "run", "--problem", "causal_conv1d", "--proposer", "search", "--no-duels"]
+    config = _config(build_parser().parse_args(argv), AgentSettings())
+    assert isinstance(config, AgentRunConfig) and not config.duels
+    service = _DuellingService("confirmed")
+    loop, printed = _loop(service, duels=False)
+    base = random.uniform(0.5, 2.0)
+
+    async def steps() -> None:
+        _step(loop, 1, 7, base)
+        _step(loop, 2, 8, base * 1.04)  # faster by its median, within the noise: a duel, were any asked for
+        await loop._duel_within_noise(2, 8)
+
+    asyncio.run(steps())
+    assert service.asked == [] and "duel" not in printed.getvalue() and loop.record.best()[0] == 7

@@ -285,6 +285,7 @@ def test_ctrl_c_marks_the_run_interrupted_and_resume_continues_it(settings: Serv
             str(transcript),
             "--backend",
             "cpu",
+            "--no-duels",  # its steps are one kernel under several names: no duel's re-timings between them
             "--json",
         ],
         cwd=REPO,

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 VARIABLE = "COVERAGE_PROCESS_CONFIG"
 DATA_FILE = ".coverage"
-PATCHES = ["_exit", "fork", "subprocess"]
+PATCHES = ["_exit", "subprocess"]
 """what coverage.py follows in a worker: its exit (always `os._exit`), the runner it forks, the programs it starts"""
 
 
