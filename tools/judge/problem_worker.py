@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
+from kernelloop.tools import code_coverage
 from kernelloop.tools.jobs import ProblemCheckJob, ProblemCheckReply
 from kernelloop.tools.problems import ProblemSpec, ShapeSpec
 
@@ -158,6 +159,7 @@ def main() -> None:
     channel.flush()
     sys.stdout.flush()
     sys.stderr.flush()
+    code_coverage.save()
     os._exit(0)
 
 

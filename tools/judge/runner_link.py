@@ -33,6 +33,7 @@ from typing import Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, Field
 
+from kernelloop.tools import code_coverage
 from kernelloop.tools.jobs import FREEZER_FDS_VARIABLE, FreezerFiles
 from kernelloop.tools.judge import capabilities
 from kernelloop.tools.runner import guard
@@ -367,6 +368,7 @@ def _become_runner(socket_fd: int, judge_pid: int | None) -> NoReturn:
     """In the forked child: drop everything of the judge's but the socket and the output, then serve. `judge_pid`:
     the judge's, where the runner shares its pid namespace; None where it has one of its own."""
     try:
+        code_coverage.leave_off()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # the job comes on the judge's stdin: never readable here
         os.closerange(3, socket_fd)

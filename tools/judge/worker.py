@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 
+from kernelloop.tools import code_coverage
 from kernelloop.tools.jobs import WorkerJob, WorkerReply
 from kernelloop.tools.judge import capabilities
 from kernelloop.tools.judge.runner_link import RunnerLink, make_undumpable
@@ -47,6 +48,7 @@ def main() -> None:
         traceback.print_exc()
         sys.stderr.flush()
         link.close()
+        code_coverage.save()
         os._exit(3)
     link.close()
     result.step_seconds = {"worker_start": worker_start_s, **result.step_seconds}
@@ -54,6 +56,7 @@ def main() -> None:
     channel.close()
     sys.stdout.flush()
     sys.stderr.flush()
+    code_coverage.save()
     os._exit(0)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from kernelloop.tools import code_coverage
 from kernelloop.tools.compilation import build_cache
 from kernelloop.tools.compilation.diagnostics import python_error_diagnostics
 from kernelloop.tools.judge import l2_cache
@@ -437,6 +438,7 @@ def main_spawned(socket_fd: int, output_fd: int) -> None:
     goes to `output_fd`, not to the tool's pipe (which only the judge reads), and it fences off its parent (the
     tool) as a forked runner fences off its judge, before any candidate code exists. Descriptors the tool left
     open are the tool's own connection to this process (its injection library), so they are kept."""
+    code_coverage.leave_off()
     os.dup2(output_fd, 1)
     os.dup2(output_fd, 2)
     os.close(output_fd)

@@ -25,10 +25,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from kernelloop.tools import code_coverage
 from kernelloop.tools.compilation import header_cache, object_cache, observer_library, toolchain
 from kernelloop.tools.jobs import FREEZER_FDS_VARIABLE, FreezerFiles
 from kernelloop.tools.results import Isolation, SandboxReport
-from kernelloop.tools.sandbox import code_coverage, seccomp, view
+from kernelloop.tools.sandbox import seccomp, view
 from kernelloop.tools.sandbox.cgroups import JobCgroup
 from kernelloop.tools.sandbox.limits import Limits, LimitWatch
 from kernelloop.tools.sandbox.process_watch import ProcessWatch
