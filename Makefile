@@ -46,8 +46,8 @@ test-scenarios: $(BIN)/.kernelloop-installed
 # Both measure code coverage (pytest-cov; the sandboxed judges' too, tools/code_coverage.py) into that folder, outside
 # the checkout (tests check that no job changed the project), the second adding to the first's data; the figures
 # per folder come last, and a folder under its floor fails the run.
-# The measurement costs about half again (the fast tier: 365 s without, 496 s with, on a quiet 2-core host), so each
-# tier's budget in `make test` is half again its own.
+# The measurement costs the fast tier about half again (365 s without, 521 s with in a fresh clone's `bash .ci/run` on
+# a quiet 2-core host, `make check` beside it), so each tier's budget in `make test` is half again its own.
 # The floors hold what the CPU-only suite reaches (docs/performance.md, "The test suite's cost"): the judge's GPU paths
 # (the memory check, the profile, the L2 reset, the device's figures) run only on a GPU.
 COVERAGE_FLOORS ?= tools/judge=80 tools/sandbox=85
