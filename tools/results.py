@@ -300,6 +300,12 @@ class ReferenceCheck(BaseModel):
         description="how much more the host's load slowed the judge's own threads while the interleaved reference "
         "was timed than while the solo baseline was (CPU), capped at 1.5: the bound is widened by it",
     )
+    host_wait_share: float | None = Field(
+        None,
+        description="CPU: the share of the interleaved reference's time a thread of the judge's waited for a core "
+        "(the host's other work: the candidate's processes were frozen); past 0.1 a disagreement is a sandbox_error "
+        "naming the load, not a verdict on the kernel",
+    )
     retimed: int = Field(0, description="reference samples past the solo samples' 9th decile, timed again")
     contended: int = Field(
         0, description="trusted samples timed again because the candidate's processes used CPU time during them"
@@ -398,7 +404,9 @@ class BenchmarkResult(PhaseResult):
         False,
         description="CPU: the host's load while the judge timed the reference (host_slowdown of a shape) was past "
         "the limit where a speedup says more about the load than the kernel: the verdict and the figures stand, but "
-        "the speedup is not used to rank (the search's best, the leaderboard); time it again on a quieter host",
+        "the speedup is not used to rank (the search's best, the leaderboard); time it again on a quieter host. "
+        "Also set on a sandbox_error whose timing check's finding the load made no verdict (a shape's "
+        "reference_check.host_wait_share past its limit)",
     )
     timing_method: str = ""
     call_overhead_ms: float | None = Field(

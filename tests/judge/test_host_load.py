@@ -9,7 +9,7 @@ import time
 import torch
 from conftest import busy_cores
 
-from kernelloop.tools.judge import timing
+from kernelloop.tools.judge import solo, timing
 
 
 def _spin(seconds: float) -> None:
@@ -28,7 +28,12 @@ def test_busy_cores_show_as_the_judges_own_calls_waiting_for_a_core():
     # two spinners a core and this thread: it runs about 2 / 5 of the time it is runnable (a slowdown near 2.5)
     assert load.slowdown is not None and load.slowdown > 1.5, load
     assert 0 < load.run_ms < 250, load  # what the calls got of a core, never more than their wall time
+    # and it waited for a core for most of the calls' wall time: far past the share where the judge's disagreement
+    # with the solo baseline stops being a verdict on the kernel
+    assert load.timed_ms >= 250 and load.longest_wait_ms <= load.timed_ms, load
+    assert load.wait_share is not None and load.wait_share > 3 * solo.HOST_WAIT_SHARE_LIMIT, load
 
 
 def test_nothing_timed_is_no_figure_rather_than_an_idle_host():
     assert timing.HostLoad().slowdown is None
+    assert timing.HostLoad().wait_share is None

@@ -114,6 +114,21 @@ def test_on_a_host_far_past_the_cap_a_timing_finding_is_no_verdict_on_the_kernel
     assert loaded in message and finding in message and "quieter host" in message
 
 
+def test_a_disagreement_while_the_judges_threads_waited_for_cores_is_no_verdict_on_the_kernel():
+    """Every process of the candidate's is frozen while the judge times its reference: a thread of the judge's
+    waiting for a core then waits on the host's other work, and a disagreement timed so is no verdict."""
+    assert solo.held_off_cores(None) is None  # the GPU, or nothing measured
+    assert solo.held_off_cores(0.02) is None  # a quiet host: a slowed reference is the candidate's doing
+    assert solo.held_off_cores(solo.HOST_WAIT_SHARE_LIMIT) is None
+    held_off = solo.held_off_cores(0.45)
+    assert held_off is not None and "too loaded" in held_off and "45%" in held_off, held_off
+
+    finding = solo.disagreement(BASELINE, [30.0] * 20, ReferenceCheck(backend="cpu"))
+    assert finding is not None
+    status, message = solo.timing_finding(finding, held_off)
+    assert status == Status.sandbox_error and held_off in message and finding in message, message
+
+
 @pytest.mark.parametrize(
     ("solo_slowdown", "interleaved_slowdown", "ratio"),
     [

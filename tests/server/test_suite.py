@@ -7,6 +7,7 @@ import asyncio
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -63,6 +64,16 @@ class ModelNew(torch.nn.Module):
 KERNELBENCH_75 = "75_conv_transposed_2D_asymmetric_input_asymmetric_kernel_strided__grouped____padded____dilated__"
 # the reference wastes 64 passes over its input: a one-pass solution is many times faster on any CPU
 WASTEFUL_ADD_ONE = "        for _ in range(64):\n            x = x + 0.0\n        return x + 1"
+
+
+def _timed_honestly(entry: dict[str, Any]) -> bool:
+    """Assert the verdict an honest solution is owed, whatever the host's load, and say whether it was timed: passed;
+    or, on a host too loaded to time it, a sandbox_error naming the load (no speedup); never suspicious."""
+    if entry["status"] == "sandbox_error":
+        assert "too loaded" in entry["message"] and entry["speedup"] is None, entry
+        return False
+    assert entry["status"] == "passed", entry["message"]
+    return True
 
 
 def _write(path: Path, text: str) -> None:
@@ -214,7 +225,8 @@ def test_the_suite_command_scores_each_level_and_records_every_attempt(
     assert code == 0, out
     assert fetched == suite
     by_problem = {e["problem"]: e for e in suite["entries"]}
-    assert by_problem["1_Wasteful_add_one"]["status"] == "passed" and by_problem["1_Wasteful_add_one"]["speedup"] > 2
+    timed = _timed_honestly(by_problem["1_Wasteful_add_one"])
+    assert not timed or by_problem["1_Wasteful_add_one"]["speedup"] > 2
     assert by_problem["2_Scale"]["status"] == "wrong_result" and not by_problem["2_Scale"]["correct"]
     assert by_problem["2_Scale"]["message"].startswith("test: ") and "allclose" in by_problem["2_Scale"]["message"]
     assert by_problem["3_Tanh"]["status"] == "no_solution"
@@ -222,7 +234,7 @@ def test_the_suite_command_scores_each_level_and_records_every_attempt(
     levels = {level["level"]: level for level in suite["levels"]}
     assert set(levels) == {"level1", "level2", "all"}
     assert levels["level1"]["problems"] == 3 and levels["level1"]["correct"] == 1
-    assert levels["level1"]["fast_p"]["fast_2"] == pytest.approx(1 / 3)
+    assert levels["level1"]["fast_p"]["fast_2"] == pytest.approx(1 / 3 if timed else 0)
     assert levels["level2"]["correctness_rate"] == 1 and levels["level2"]["fast_p"]["fast_2"] == 0
     assert levels["all"]["problems"] == 4 and levels["all"]["correct"] == 2
     # each solution is an attempt like any other, judged under KernelBench's policy (their files have no metadata)
@@ -294,8 +306,7 @@ def test_a_suite_run_in_pieces_keeps_what_it_judged_and_adds_the_rest(
     assert len(attempts) == 3, [(a["id"], a["problem"]) for a in attempts]  # one per solution, none judged twice
     wasteful = kept["1_Wasteful_add_one"]["seconds"]
     assert {"compile", "test", "benchmark", "test.worker_start"} <= set(wasteful), wasteful
-    # the line carries the entry's verdict: passed on a quiet host, suspicious where the host's load spoiled the timing
-    assert kept["1_Wasteful_add_one"]["status"] in ("passed", "suspicious"), kept
+    _timed_honestly(kept["1_Wasteful_add_one"])  # the line carries the entry's verdict
     assert f"suite {first['id']}: level1/1_Wasteful_add_one {kept['1_Wasteful_add_one']['status']} " in first_err
     assert f"suite {first['id']}: level1/2_Scale wrong_result" in first_err, first_err
     assert unknown_code == 2 and "no suite 999" in unknown_err, unknown_err

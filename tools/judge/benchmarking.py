@@ -539,10 +539,13 @@ def _benchmark_one(
         entry.fraction_of_floor = entry.floor_ms / cand.median_ms
     entry.reference_solo = before.baseline.timing
     entry.reference_solo_host_slowdown = before.baseline.host_slowdown
-    entry.reference_check = timed.watch.check
-    disagreement = solo.disagreement(before.baseline, samples["reference"], timed.watch.check, entry.host_slowdown)
+    entry.reference_check = check = timed.watch.check
+    check.host_wait_share = timed.host_load.wait_share
+    disagreement = solo.disagreement(before.baseline, samples["reference"], check, entry.host_slowdown)
     if disagreement:
-        entry.status, entry.message = solo.timing_finding(disagreement, loaded)
+        held_off = loaded or solo.held_off_cores(check.host_wait_share)
+        result.host_too_loaded |= held_off is not None
+        entry.status, entry.message = solo.timing_finding(disagreement, held_off)
         return entry
     _check_envelope(entry, session.step.backend, shape, timed.tally, overhead_ms, peaks)
     if entry.status == Status.suspicious:

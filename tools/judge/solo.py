@@ -22,6 +22,9 @@ as much as the host's own load grew between the two on the CPU (`load_ratio`, ca
 shape is `suspicious`, its message naming both. On a host too loaded to time honestly (the judge's own threads
 slowed past HOST_TOO_LOADED_SLOWDOWN while they timed the reference) no timing check's finding is a verdict on the
 kernel (`sandbox_error`), and a speedup that passes is marked (`BenchmarkResult.host_too_loaded`) and not ranked.
+Nor is a disagreement where the judge's threads waited for a core more than HOST_WAIT_SHARE_LIMIT of the time they
+timed the reference between the candidate's calls (`held_off_cores`): every process of the candidate's was frozen
+then, so what kept a core from them was the host's other work.
 """
 
 from __future__ import annotations
@@ -61,6 +64,16 @@ HOST_TOO_LOADED_SLOWDOWN = 4.0
 the envelope's cap (`benchmarking.HOST_SLOWDOWN_CAP`, 1.5; 4 busy processes on 2 cores measured 1.5 to 1.8, and
 4.2 to 4.8 with a second test process at work beside them), where no margin is honest. The hostile submissions that
 slowed the reference read 74 to 78 (their processes now cannot run while it is timed)."""
+
+HOST_WAIT_SHARE_LIMIT = 0.1
+"""the most of its interleaved reference's time a thread of the judge's may wait for a core (`timing.HostLoad.
+wait_share`) for a disagreement with the solo baseline to be a verdict on the kernel. A parallel operator's time
+under load is not the solo baseline's scaled by any measure of the load: with 8 busy processes on 2 cores the
+judge's threads waited 45% of the time in both phases, yet an honest solution's reference (65 small operators, two
+threads meeting at each) took 4.3 ms solo and 10.7 ms between the candidate's calls, its threads' CPU time doubled
+by spinning at the barriers where one of them waited; 3 of 14 such runs were `suspicious`. On a quiet host the share
+is about zero, so a reference slowed by the candidate is still `suspicious` there; on a busy host the finding is a
+`sandbox_error` naming the load, which gives a forgery nothing."""
 
 
 def trimmed_mean(samples_ms: list[float], share: float = TRIM_SHARE) -> float:
@@ -145,6 +158,18 @@ def too_loaded(slowdown: float | None) -> str | None:
     return (
         f"the host was too loaded to time honestly: the judge's own threads took {slowdown:.2f}x their "
         f"CPU time while timing the reference (more than {HOST_TOO_LOADED_SLOWDOWN:g}x)"
+    )
+
+
+def held_off_cores(wait_share: float | None) -> str | None:
+    """Why a disagreement with the solo baseline at this load is no verdict on the kernel (the judge's own measure
+    of its interleaved reference, CPU), or None."""
+    if wait_share is None or wait_share <= HOST_WAIT_SHARE_LIMIT:
+        return None
+    return (
+        f"the host was too loaded to time honestly: a thread of the judge's waited for a core {wait_share:.0%} of the "
+        f"time it timed the reference between the candidate's calls (more than {HOST_WAIT_SHARE_LIMIT:.0%}; every "
+        "process of the candidate's was frozen meanwhile, so the wait was the host's other work)"
     )
 
 
