@@ -71,7 +71,7 @@ wait_share`) for a disagreement with the solo baseline to be a verdict on the ke
 under load is not the solo baseline's scaled by any measure of the load: with 8 busy processes on 2 cores the
 judge's threads waited 45% of the time in both phases, yet an honest solution's reference (65 small operators, two
 threads meeting at each) took 4.3 ms solo and 10.7 ms between the candidate's calls, its threads' CPU time doubled
-by spinning at the barriers where one of them waited; 3 of 14 such runs were `suspicious`. On a quiet host the share
+by spinning at the barriers where one of them waited; 3 of 27 such runs were `suspicious`. On a quiet host the share
 is about zero, so a reference slowed by the candidate is still `suspicious` there; on a busy host the finding is a
 `sandbox_error` naming the load, which gives a forgery nothing."""
 
