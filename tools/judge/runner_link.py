@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -51,6 +52,8 @@ SPAWNED_RUNNER = f"import sys; import {RUNNER_MODULE} as serve; serve.main_spawn
 """the runner under a GPU tool: its module imported by its name, as in a forked runner (`-m` would run it as
 __main__, and the runner under a tool would differ from the one it stands for in what a submission finds)"""
 TOOL_OUTPUT_CAP = 4 << 20
+THREAD_ENTRIES = 4096
+"""the thread numbers a runner with a pid namespace of its own finds under /proc/self/task (`_own_proc_entry`)"""
 
 
 class RunnerFailed(RuntimeError):
@@ -348,20 +351,42 @@ def _fork_runner(socket_fd: int) -> tuple[ForkedRunner, bool]:
 
 
 def _own_proc_entry() -> None:
-    """In the runner, pid 1 of its namespace: its own /proc entry bound over /proc/1, in a mount namespace of its
+    """In the runner, pid 1 of its namespace: its own /proc entry where its numbers point, in a mount namespace of its
     own made private first (nothing it mounts reaches the judge's view). The /proc it sees is the sandbox's, which
-    numbers processes as the judge's namespace does: /proc/<getpid()>, i.e. /proc/1, is another process there (the
-    sandbox's init), and CUDA's driver, which reads it, refuses to start (cudaGetDeviceCount: error 304, "OS call
-    failed"). A fresh /proc of the runner's namespace cannot be mounted there: the kernel refuses procfs under
-    bubblewrap's read-only covers of /proc/irq and /proc/bus. A runner that cannot bind it says so on its error
-    output and goes on: its CPU work needs none of it."""
+    numbers processes and threads as the judge's namespace does, and a fresh /proc of the runner's namespace cannot
+    be mounted there (the kernel refuses procfs under bubblewrap's read-only covers of /proc/irq and /proc/bus).
+    CUDA's driver refuses to start (cudaGetDeviceCount: error 304, "OS call failed") where either of two paths fails:
+
+    - /proc/<getpid()>, i.e. /proc/1, another process there (the sandbox's init): the runner's own entry is bound over
+      it, so /proc/1/task lists the runner's threads by the sandbox's numbers;
+    - /proc/self/task/<tid>/comm, which it opens for writing to name each thread it starts, by the number the
+      runner's namespace gives the thread (2, 3, ...), which the sandbox's /proc does not list: a folder of empty
+      folders named 1 to THREAD_ENTRIES, in the sandbox's /tmp, is bound over the runner's task folder, so each such
+      name lands in a file of its own there (thread names are for people; nothing reads them back).
+
+    So in the runner /proc/self/task lists those folders, not its threads: /proc/self/status counts them. A runner
+    that cannot bind them says so on its error output and goes on: its CPU work needs none of it."""
     libc = ctypes.CDLL(None, use_errno=True)
-    outer = f"/proc/{os.readlink('/proc/self')}".encode()  # /proc/self: the runner's number in the sandbox's /proc
-    for source, target, flags in ((None, b"/", MS_REC | MS_PRIVATE), (outer, b"/proc/1", MS_BIND)):
-        if libc.mount(source, target, None, flags, None) != 0:
+    outer = f"/proc/{os.readlink('/proc/self')}"  # /proc/self: the runner's number in the sandbox's /proc
+    threads = _thread_entries()
+    for source, target, flags in (
+        (None, "/", MS_REC | MS_PRIVATE),
+        (outer, "/proc/1", MS_BIND),
+        (threads, f"{outer}/task", MS_BIND),
+    ):
+        encoded = source.encode() if source is not None else None
+        if libc.mount(encoded, target.encode(), None, flags, None) != 0:
             why = os.strerror(ctypes.get_errno())
-            os.write(2, f"the runner could not bind its own /proc entry as /proc/1 ({why}): no CUDA here\n".encode())
+            os.write(2, f"the runner could not bind {source} over {target} ({why}): no CUDA here\n".encode())
             return
+
+
+def _thread_entries() -> str:
+    """A new folder of THREAD_ENTRIES empty folders, named 1 to THREAD_ENTRIES, in the sandbox's /tmp."""
+    root = tempfile.mkdtemp(prefix="kernelloop-runner-threads-", dir="/tmp")
+    for number in range(1, THREAD_ENTRIES + 1):
+        os.mkdir(f"{root}/{number}")
+    return root
 
 
 def _become_runner(socket_fd: int, judge_pid: int | None) -> NoReturn:

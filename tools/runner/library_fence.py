@@ -120,6 +120,13 @@ def _writable_files(folder: Path) -> Iterator[str]:
         yield from (os.path.join(root, f) for f in files)
 
 
+def _thread_count() -> int:
+    """This process's threads, as the kernel counts them (/proc/self/status: a runner's /proc/self/task lists
+    stand-ins, `kernelloop.tools.judge.runner_link._own_proc_entry`)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
 def fence_off(libraries: list[str], *, before_exec: bool = False) -> str | None:
     """Make the files of `libraries` unreadable to this process and its children; why not, if that failed. A fence
     already in force (put up by the process that started this one: `kernelloop.tools.runner.spawn`) is kept.
@@ -128,7 +135,7 @@ def fence_off(libraries: list[str], *, before_exec: bool = False) -> str | None:
     denied = _files_but(set().union(*(library_files(library) for library in libraries)), entries)
     if not denied or _still_readable(_aliases(denied)) is None:
         return None  # not installed here, or fenced off already: nothing to reach
-    threads = len(os.listdir("/proc/self/task"))
+    threads = _thread_count()
     if threads != 1:  # Landlock restricts the calling thread and the threads and processes it starts from then on
         return f"the runner has {threads} threads before its fence: the fence would not bind all of them"
     loaded = None if before_exec else _mapped_within(denied, allowed=entries)
