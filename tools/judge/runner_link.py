@@ -52,8 +52,9 @@ SPAWNED_RUNNER = f"import sys; import {RUNNER_MODULE} as serve; serve.main_spawn
 """the runner under a GPU tool: its module imported by its name, as in a forked runner (`-m` would run it as
 __main__, and the runner under a tool would differ from the one it stands for in what a submission finds)"""
 TOOL_OUTPUT_CAP = 4 << 20
-THREAD_ENTRIES = 4096
-"""the thread numbers a runner with a pid namespace of its own finds under /proc/self/task (`_own_proc_entry`)"""
+THREAD_ENTRIES = 1024
+"""the thread numbers a runner with a pid namespace of its own finds under /proc/self/task (`_own_proc_entry`): the
+driver's threads start with its first context, among the runner's first few dozen; the folders cost 15 ms a job"""
 
 
 class RunnerFailed(RuntimeError):
