@@ -64,11 +64,15 @@ test: $(BIN)/.kernelloop-installed
 	  $(MAKE) --no-print-directory coverage-report COVERAGE_DATA="$$COVERAGE_FILE" || status=1; \
 	  rm -rf "$$root"; exit $$status
 
-# The coverage `make test` measured, per folder; a folder under its floor (COVERAGE_FLOORS) fails it.
+# The coverage `make test` measured, per folder; a folder under its floor (COVERAGE_FLOORS) fails it. Several files
+# in COVERAGE_DATA are added together, each mapped onto this checkout: the suite's with the GPU check's, measured on a
+# GPU machine by `coverage run scripts/gpu_check.py` and `coverage combine` (docs/performance.md, "Coverage with the
+# GPU check").
 COVERAGE_DATA ?= .coverage
 .PHONY: coverage-report
 coverage-report: $(BIN)/.kernelloop-installed
-	$(BIN)/python scripts/coverage_by_folder.py --data-file $(COVERAGE_DATA) $(addprefix --require ,$(COVERAGE_FLOORS))
+	$(BIN)/python scripts/coverage_by_folder.py $(addprefix --data-file ,$(COVERAGE_DATA)) \
+	  $(addprefix --require ,$(COVERAGE_FLOORS))
 
 # The quality gate CI runs beside the tests: lint, formatting and types.
 check: $(BIN)/.kernelloop-installed

@@ -1,21 +1,26 @@
 """Line coverage per top-level folder (and per folder of tools/), from the data `make test` combined.
 
-    python scripts/coverage_by_folder.py [--data-file .coverage] [--require tools/judge=90 ...]
+    python scripts/coverage_by_folder.py [--data-file .coverage ...] [--require tools/judge=90 ...]
 
 Prints one line per folder: statements, statements run, the percentage. With --require FOLDER=PERCENT, exits 1
-when a folder is below its floor, naming it.
+when a folder is below its floor, naming it. Several --data-file are added together, each file's paths mapped onto
+this checkout by their part from the project's top-level folder on: the CPU suite's data with the GPU check's,
+measured in another checkout on the GPU machine (`coverage run scripts/gpu_check.py`, then `coverage combine`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import coverage
 
 REPO = Path(__file__).resolve().parents[1]
+TOP_FOLDERS = ("agent", "kernelloop", "reference_problems", "server", "storage", "tools")
+"""the folders measured (pyproject.toml's [tool.coverage.run] source)"""
 SPLIT_FOLDERS = ("tools",)
 """top-level folders reported per sub-folder too: tools/ holds the judge, the runner, the sandbox, the compilation"""
 
@@ -25,6 +30,33 @@ def folder_of(path: Path) -> str:
     if parts[0] in SPLIT_FOLDERS and len(parts) > 2:
         return f"{parts[0]}/{parts[1]}"
     return parts[0]
+
+
+def in_this_checkout(path: Path) -> Path | None:
+    """Where a file measured in this checkout or another one is here: from its first top-level folder of the
+    project on (None: no file of the project)."""
+    if path.is_relative_to(REPO):
+        return path
+    parts = path.parts
+    for start, part in enumerate(parts):
+        if part in TOP_FOLDERS and REPO.joinpath(*parts[start:]).exists():
+            return REPO.joinpath(*parts[start:])
+    return None
+
+
+def merged(data_files: list[Path], into: Path) -> None:
+    """The lines run in any of `data_files`, by their files here, written as one data file at `into`."""
+    lines: dict[str, set[int]] = defaultdict(set)
+    for data_file in data_files:
+        data = coverage.CoverageData(basename=str(data_file))
+        data.read()
+        for name in data.measured_files():
+            here = in_this_checkout(Path(name))
+            if here is not None:
+                lines[str(here)].update(data.lines(name) or [])
+    out = coverage.CoverageData(basename=str(into))
+    out.add_lines({name: sorted(run) for name, run in lines.items()})
+    out.write()
 
 
 def coverage_by_folder(data_file: Path) -> dict[str, tuple[int, int]]:
@@ -53,14 +85,21 @@ def parse_floor(text: str) -> tuple[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-file", type=Path, default=REPO / ".coverage", help="the combined coverage data")
+    parser.add_argument(
+        "--data-file", type=Path, action="append", help="combined coverage data, repeated to add several (.coverage)"
+    )
     parser.add_argument("--require", type=parse_floor, action="append", default=[], help="FOLDER=PERCENT floor")
     args = parser.parse_args()
-    if not args.data_file.exists():
-        sys.exit(f"coverage: no data at {args.data_file}: run the tests with --cov first (make test does)")
-    figures = coverage_by_folder(args.data_file)
+    data_files: list[Path] = args.data_file or [REPO / ".coverage"]
+    missing = [str(path) for path in data_files if not path.exists()]
+    if missing:
+        sys.exit(f"coverage: no data at {', '.join(missing)}: run the tests with --cov first (make test does)")
+    with tempfile.TemporaryDirectory() as folder:
+        together = Path(folder) / ".coverage"
+        merged(data_files, together)
+        figures = coverage_by_folder(together)
     if not figures:
-        sys.exit(f"coverage: the data at {args.data_file} measured no file of {REPO} (another checkout's data?)")
+        sys.exit(f"coverage: the data at {', '.join(map(str, data_files))} measured no file of the project")
     print(f"{'folder':<22}{'statements':>12}{'run':>8}{'coverage':>10}")
     for folder, (statements, run) in figures.items():
         print(f"{folder:<22}{statements:>12}{run:>8}{100 * run / max(statements, 1):>9.1f}%")
