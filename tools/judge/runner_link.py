@@ -369,7 +369,11 @@ def _own_proc_entry() -> None:
     that cannot bind them says so on its error output and goes on: its CPU work needs none of it."""
     libc = ctypes.CDLL(None, use_errno=True)
     outer = f"/proc/{os.readlink('/proc/self')}"  # /proc/self: the runner's number in the sandbox's /proc
-    threads = _thread_entries()
+    try:
+        threads = _thread_entries()
+    except OSError as exc:  # the sandbox's /tmp is full or missing
+        os.write(2, f"the runner could not make its thread entries ({exc}): no CUDA here\n".encode())
+        return
     for source, target, flags in (
         (None, "/", MS_REC | MS_PRIVATE),
         (outer, "/proc/1", MS_BIND),
