@@ -446,6 +446,72 @@ def seeded_random(request: pytest.FixtureRequest) -> None:
         sys.modules["torch"].manual_seed(int.from_bytes(seed[:8], "little") % 2**63)
 
 
+# ---- what the run collected: every test id of tests/, before `-m` or `-k` leaves any out --------------------------
+
+
+@dataclass(frozen=True)
+class CollectedSuite:
+    """The test ids pytest collects from a project's tests/ folder, and its test modules skipped as a whole (no GPU
+    here: pytest read them and said why they skipped)."""
+
+    node_ids: frozenset[str]
+    skipped_modules: frozenset[str]
+
+    @property
+    def files(self) -> frozenset[str]:
+        return frozenset(node.split("::")[0] for node in self.node_ids) | self.skipped_modules
+
+
+def collect_suite(root: Path) -> CollectedSuite:
+    """What `pytest --collect-only`, run in `root` with its configuration, collects."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-rs", "-p", "no:xdist", "-p", "no:cacheprovider"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    node_ids = frozenset(line for line in done.stdout.splitlines() if "::" in line)
+    skipped = frozenset(re.findall(r"^SKIPPED \[\d+\] ([^:\s]+\.py):", done.stdout, flags=re.M))
+    assert node_ids or skipped, f"pytest collected nothing in {root}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+    return CollectedSuite(node_ids=node_ids, skipped_modules=skipped)
+
+
+_COLLECTED_IDS = pytest.StashKey[frozenset[str]]()
+_skipped_modules_seen: set[str] = set()
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped and report.nodeid.endswith(".py"):
+        _skipped_modules_seen.add(report.nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keeps every id collected, before the tiers' `-m` (or a `-k`) deselects any."""
+    config.stash[_COLLECTED_IDS] = frozenset(item.nodeid for item in items)
+
+
+def _collected_all_of_tests(config: pytest.Config) -> bool:
+    """Whether this run collected the whole tests/ folder (as the README's commands do), not files of it."""
+    base = config.rootpath if config.args_source == pytest.Config.ArgsSource.TESTPATHS else config.invocation_params.dir
+    asked = {(base / arg.split("::")[0]).resolve() for arg in config.args}
+    last_failed_only = config.getoption("lf", False) or config.getoption("failedfirst", False)
+    return bool(asked & {REPO, REPO / "tests"}) and not last_failed_only
+
+
+@pytest.fixture(scope="session")
+def collected_suite(request: pytest.FixtureRequest) -> CollectedSuite:
+    """What pytest collects from this project's tests/ as the README's commands run it: this run's own collection
+    where it collected the whole folder, else (a run of some files) a `pytest --collect-only` of it."""
+    config = request.config
+    if _collected_all_of_tests(config) and _COLLECTED_IDS in config.stash:
+        return CollectedSuite(node_ids=config.stash[_COLLECTED_IDS], skipped_modules=frozenset(_skipped_modules_seen))
+    return collect_suite(REPO)
+
+
 # ---- skips: for the gpu marker only in CI, and counted at the end of every run ----------------------------------
 
 _GPU_MODULE = re.compile(r"^pytestmark\s*=.*pytest\.mark\.gpu", re.M)
