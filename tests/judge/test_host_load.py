@@ -4,12 +4,16 @@ kernel counts them."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
+import pytest
 import torch
 from conftest import busy_cores
 
-from kernelloop.tools.judge import solo, timing
+from kernelloop.tools.judge import run_queue, solo, timing
 
 
 def _spin(seconds: float) -> None:
@@ -37,3 +41,43 @@ def test_busy_cores_show_as_the_judges_own_calls_waiting_for_a_core():
 def test_nothing_timed_is_no_figure_rather_than_an_idle_host():
     assert timing.HostLoad().slowdown is None
     assert timing.HostLoad().wait_share is None
+
+
+def _pinned(code: str, core: int) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen([sys.executable, "-c", code])
+    os.sched_setaffinity(process.pid, {core})
+    return process
+
+
+@pytest.mark.parametrize("work", ["computing", "sleeping"])
+def test_a_process_own_time_leaves_out_what_a_busy_core_took_from_it(work: str) -> None:
+    """The runner's time with no answer and no build counts toward its hang limit by this measure: a process that
+    computes beside two spinners on its one core gets about a third of the wall time as its own, and one that
+    sleeps keeps all of it (a hang in time.sleep is still cut short at the limit on a busy host)."""
+    core = min(os.sched_getaffinity(0))
+    spinners = [_pinned("while True: pass", core) for _ in range(2)]
+    subject = _pinned("while True: pass" if work == "computing" else "import time; time.sleep(60)", core)
+    try:
+        time.sleep(0.3)  # all three started
+        own_time = run_queue.OwnTime(subject.pid)
+        started = time.monotonic()
+        time.sleep(2.0)
+        own_s, wall_s = own_time.elapsed_s(), time.monotonic() - started
+    finally:
+        for process in (*spinners, subject):
+            process.kill()
+            process.wait()
+
+    if work == "computing":
+        assert own_s < 0.6 * wall_s, (own_s, wall_s)  # about 1/3 with three sharing the core, more with more load
+    else:
+        assert own_s > 0.9 * wall_s, (own_s, wall_s)
+
+
+def test_a_process_that_ended_has_no_more_waits_and_keeps_its_wall_time() -> None:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    own_time = run_queue.OwnTime(process.pid)
+    process.wait()
+    time.sleep(0.2)
+
+    assert 0.2 <= own_time.elapsed_s() < 5

@@ -104,8 +104,9 @@ HANGS_AT_LOAD = {
 @pytest.mark.scenario  # a whole-sandbox scenario: `make test` runs it, `make test-fast` does not
 def test_hangs_end_by_their_deadlines_not_the_phase_limit_and_none_holds_up_another(kl):
     """The default phase limit is 900 s. A first call has 25 s; loading has no fixed deadline (a build may take
-    minutes), but Python code that runs 25 s with no build process under it has hung. The three hangs run at
-    once, each in its own worker, and each ends by its own deadline."""
+    minutes), but Python code that runs 25 s of its own time (what the host's load took left out) with no build
+    process under it has hung. The three hangs run at once, each in its own worker, and each ends by its own
+    deadline."""
     jobs = {
         "in_forward": lambda: api.run_tests(PROBLEM, kl.helper_candidate("conv_hang"), "cpu", ONE_CHECK, kl.settings),
         **{
@@ -122,8 +123,10 @@ def test_hangs_end_by_their_deadlines_not_the_phase_limit_and_none_holds_up_anot
     assert "no answer within 25 s" in forward.message and "shape small" in forward.message, forward.message
     for where, result in results.items():
         assert result.status == Status.timeout, (where, result.message)
-        assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 45, (where, result.sandbox)
-        assert "no build running for 25 s" in result.message, (where, result.message)
+        # 25 s of the runner's own time: a spinning hang gets a share of a core beside the other two (and whatever
+        # else the host runs), so its wall time is longer, and still far short of the 900 s phase limit
+        assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 300, (where, result.sandbox)
+        assert "no build running for 25 s of its own time" in result.message, (where, result.message)
 
 
 def test_stdout_flood_is_capped_and_the_job_keeps_its_status(kl):

@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field
 
 from kernelloop.tools import code_coverage
 from kernelloop.tools.jobs import FREEZER_FDS_VARIABLE, FreezerFiles
-from kernelloop.tools.judge import capabilities
+from kernelloop.tools.judge import capabilities, run_queue
 from kernelloop.tools.runner import guard
 from kernelloop.tools.runner.channel import Channel, ChannelBroken, ChannelTimeout
 from kernelloop.tools.runner.messages import Finish, Finished, Reply, ReplyEnvelope, Request, RequestEnvelope
@@ -579,22 +579,23 @@ class RunnerLink:
 
     def _wait_while_building(self, idle_limit_s: float, deadline: float | None) -> None:
         """Until the reply is readable (or the runner ended); ChannelTimeout at `deadline` (time.monotonic()),
-        RunnerFailed after `idle_limit_s` with no child process."""
-        idle_since = time.monotonic()
+        RunnerFailed after `idle_limit_s` of the runner's own time with no child process. Its own time leaves out
+        what the host's load took: each poll's longest run-queue wait of a thread of the runner's (on a busy host a
+        constructor that runs for real took more than 25 s of wall time, and was cut short as a hang)."""
+        idle_s, own_time = 0.0, run_queue.OwnTime(self.process.pid)
         while not self.channel.readable(POLL_S):
             if self.process.poll() is not None:
                 return  # the receive that follows reports how it ended
             if deadline is not None and time.monotonic() >= deadline:
                 raise ChannelTimeout()
-            now = time.monotonic()
-            if _has_children(self.process.pid):
-                idle_since = now
-            elif now - idle_since > idle_limit_s:
+            elapsed_s = own_time.elapsed_s()
+            idle_s = 0.0 if _has_children(self.process.pid) else idle_s + elapsed_s
+            if idle_s > idle_limit_s:
                 self.kill()
                 raise RunnerFailed(
                     "timeout",
-                    f"no answer and no build running for {idle_limit_s:.0f} s (a hang in the submission's "
-                    "Python code, at import or in ModelNew()): the candidate's process was killed",
+                    f"no answer and no build running for {idle_limit_s:.0f} s of its own time (a hang in the "
+                    "submission's Python code, at import or in ModelNew()): the candidate's process was killed",
                 )
 
     def _death(self, why: str) -> str:

@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from kernelloop.tools.judge import l2_cache
+from kernelloop.tools.judge.run_queue import longest_wait_s, thread_times_ns
 from kernelloop.tools.results import Timing
 from kernelloop.tools.runner import gpu_clock
 
@@ -76,30 +76,16 @@ class HostLoad:
     def measuring(self) -> Iterator[None]:
         """Add this process's threads' CPU time and run-queue wait over the block, and its wall time (a thread
         that started or ended meanwhile is left out)."""
-        before = _thread_times_ns()
+        before = thread_times_ns()
         started = time.perf_counter()
         yield
         self.timed_ms += (time.perf_counter() - started) * 1e3
-        longest = 0.0
-        for thread, (run, wait) in _thread_times_ns().items():
+        after = thread_times_ns()
+        for thread, (run, wait) in after.items():
             if thread in before:
-                waited = (wait - before[thread][1]) / 1e6
                 self.run_ms += (run - before[thread][0]) / 1e6
-                self.wait_ms += waited
-                longest = max(longest, waited)
-        self.longest_wait_ms += longest
-
-
-def _thread_times_ns() -> dict[str, tuple[int, int]]:
-    """Each thread of this process: its CPU time and its run-queue wait so far, in nanoseconds (none off Linux)."""
-    times = {}
-    for task in Path("/proc/self/task").glob("*"):
-        try:
-            run, wait = (task / "schedstat").read_text().split()[:2]
-        except (OSError, ValueError):
-            continue  # ended meanwhile
-        times[task.name] = (int(run), int(wait))
-    return times
+                self.wait_ms += (wait - before[thread][1]) / 1e6
+        self.longest_wait_ms += longest_wait_s(before, after) * 1e3
 
 
 class Clock:
