@@ -16,6 +16,14 @@ a write flush (the L2 left dirty, its write-back inside the reference's interval
 from the candidate the median of 30 brackets calibrated once at its start, which the H200's GPU checks measured
 anywhere from 0.022 to 0.050 ms a call: tens of microseconds of a short call taken off one side only.
 
+Each side's call follows a flush from its own process's CUDA context: the judge flushes before every sample of any
+subject (out of the candidate's reach), and the runner flushes again just before the candidate's call, as the
+judge's own flush precedes the reference's. With the judge's flush alone, the candidate's call followed a flush
+from another context and the reference's one from its own, and the null solution of the row scaling measured
+1.5-1.8x against itself on an H100 (its reference 0.085-0.12 ms, itself 0.045-0.06 ms); the runner's own flush
+brought its call to the reference's time. A candidate that skips the runner's flush gains only what every
+candidate had before it, never a warm L2 (the judge's flush comes first).
+
 What the runner calls here is bound when this module is imported, before the candidate is.
 """
 
