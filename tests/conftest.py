@@ -39,6 +39,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from other_work import OtherWork
 
 from kernelloop.tools.jobs import EvalOptions
 from kernelloop.tools.problems import load_problem
@@ -401,34 +402,38 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-_STARTED = pytest.StashKey[tuple[float, float, float]]()
+_STARTED = pytest.StashKey[tuple[float, float]]()
+_OTHER_WORK = pytest.StashKey[OtherWork]()
 _BUDGET_LINE = pytest.StashKey[str]()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.stash[_STARTED] = (time.monotonic(), _busy_seconds(), _own_cpu_seconds())
+    session.config.stash[_STARTED] = (time.monotonic(), _own_cpu_seconds())
+    budget = session.config.getoption("--tier-budget-s")
+    if budget is not None and not hasattr(session.config, "workerinput"):
+        session.config.stash[_OTHER_WORK] = OtherWork()
 
 
-def time_without_other_work(wall_s: float, busy_cpu_s: float, own_cpu_s: float, cores: int) -> float:
-    """A run's wall time less what the host's other work took from it: the CPU seconds the machine was busy beyond
-    the run's own processes, spread over its cores. On a quiet host it is the wall time; where other work kept the
-    cores busy beside a run that needed them, it is about the time the run would have taken alone. Never less than
-    the run's own CPU seconds over the cores."""
-    other_cpu_s = max(0.0, busy_cpu_s - own_cpu_s)
+def time_without_other_work(wall_s: float, other_cpu_s: float, own_cpu_s: float, cores: int) -> float:
+    """A run's wall time less what the host's other work took from it: the CPU seconds of processes not the run's,
+    spread over the cores. On a quiet host it is the wall time; where other work kept the cores busy beside a run
+    that needed them, it is about the time the run would have taken alone. Never less than the run's own CPU
+    seconds (what it reaped) over the cores."""
     return max(wall_s - other_cpu_s / cores, own_cpu_s / cores, 0.0)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The tier's time against its budget: the run fails past twice the budget of its time without the host's other
-    work (`time_without_other_work`: the workers, and every job and service they reaped, are the run's own), so a
-    regression of the suite fails it and a busy host does not."""
+    work (`time_without_other_work`, the other work sampled by `tests/other_work.py`), so a regression of the suite
+    fails it and a busy host does not."""
     budget = session.config.getoption("--tier-budget-s")
     if budget is None or hasattr(session.config, "workerinput"):  # the controller judges the run, not each worker
         return
-    started, busy, own = session.config.stash[_STARTED]
+    started, own = session.config.stash[_STARTED]
     wall = time.monotonic() - started
-    spent = time_without_other_work(wall, _busy_seconds() - busy, _own_cpu_seconds() - own, os.cpu_count() or 1)
+    other = session.config.stash[_OTHER_WORK].stop()
+    spent = time_without_other_work(wall, other, _own_cpu_seconds() - own, os.cpu_count() or 1)
     line = f"{_tier_name(session.config)}: {wall:.0f} s of wall time"
     if wall - spent >= 1:
         line += f", {spent:.0f} s without the host's other work"
