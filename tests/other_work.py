@@ -1,10 +1,10 @@
 """The host's other work during a test run: CPU seconds of every process that is not the run's own (not this
 process nor one below it), sampled from /proc once a second by a thread of the run's.
 
-A run's own processes are counted by what they are, not by what their parents reaped: a sandbox whose service was
-stopped is reaped by init, and a process's reaped children miss it (in a quiet CI run, the fast tier's own CPU time
-read from `os.times()` came to half of what the machine was busy). A process that starts and ends between two
-samples is missed either way; the run's processes that lose their parent (reparented to init) count as other work.
+The other work is sampled rather than inferred from the run's own CPU time: `os.times()` counts only the children
+each process reaped, and in a quiet CI run the fast tier's came to half of what the machine was busy (which of its
+processes went unreaped, e.g. ones whose parent ended first, was not measured). A process that starts and ends
+between two samples is missed; the run's processes that lose their parent (reparented to init) count as other work.
 """
 
 from __future__ import annotations
