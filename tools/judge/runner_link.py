@@ -123,8 +123,9 @@ class Freezer:
     fork cannot outrun (a child being forked meanwhile gets it too), so no chain of short-lived processes, each
     cloning its successor and exiting, keeps running: a walk of /proc, stopping the processes it listed, always
     misses the one born after the listing. The judge's own helpers (torch.compile's workers; a GPU tool's process)
-    are in the judge's process group, which no process of the candidate's can join (the runner leaves it at the
-    fork and its guard refuses a way back): they are resumed at once, and so is nothing else. `thaw` resumes the
+    are in the judge's process group, which no process of the candidate's can join (the runner is born in a session
+    of its own, and a process joins only a group of its own session): they are resumed at once, and so is nothing
+    else. `thaw` resumes the
     namespace with `kill(-1, SIGCONT)`: a process of the candidate's that was stopped before the freeze (by the
     candidate) is resumed too, which changes nothing the judge relies on.
 
@@ -320,7 +321,13 @@ def _fork_runner(socket_fd: int) -> tuple[ForkedRunner, bool]:
     The runner shows its own /proc entry where its number points (`_own_proc_entry`), and only then gives up every
     capability, as the launcher does once it has forked it. The launcher exits at once and the runner becomes the
     judge's child (the judge is a subreaper). Where no namespace can be made (no sandbox, or one without the
-    capability), the runner shares the judge's and its guard names the judge's pid. Returns the runner and whether
+    capability), the runner shares the judge's and its guard names the judge's pid.
+
+    The launcher also starts a session of its own, which the runner is born in: where Linux shares the CPU among
+    sessions first (autogroup), each session is a scheduling group whose share of a core follows what its
+    processes ran lately, so a candidate's processes in the judge's session could burn the cores between calls
+    and leave the group the judge times the reference in with a smaller share, frozen or not. No process can join
+    another session, so nothing of the candidate's is ever in the judge's group. Returns the runner and whether
     it has a namespace of its own."""
     judge_pid = os.getpid()
     read_end, write_end = os.pipe()
@@ -329,6 +336,7 @@ def _fork_runner(socket_fd: int) -> tuple[ForkedRunner, bool]:
         try:
             os.close(read_end)
             own = ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWPID | CLONE_NEWNS) == 0
+            os.setsid()  # the runner's session, so its autogroup, is not the judge's (`_fork_runner`)
             pid = os.fork()
             if pid == 0:
                 os.close(write_end)
@@ -528,6 +536,7 @@ class RunnerLink:
                 stderr=write_end,
                 pass_fds=(theirs.fileno(), runner_output),
                 env={**os.environ, **(environment or {})},
+                start_new_session=True,  # a scheduling group apart from the judge's, as a forked runner's
             )
         finally:
             os.close(write_end)

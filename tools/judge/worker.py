@@ -11,6 +11,7 @@ with os._exit, so nothing at exit can run after the verdict.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -62,19 +63,37 @@ def main() -> None:
 
 def _lower_priority(nice: int, pids: list[int]) -> None:
     """Raise the nice value of these processes (0: this one), which the compilers a build starts inherit, and of
-    the job's session: where Linux shares the CPU among sessions first (autogroup), and every job is a session
-    of its own, a process's nice value only ranks it among its session's. Without CAP_SYS_NICE (the sandbox
-    drops every capability) nothing in the job can raise either again."""
+    their sessions (the judge's and the runner's): where Linux shares the CPU among sessions first (autogroup),
+    and every job is a session of its own, a process's nice value only ranks it among its session's. Without
+    CAP_SYS_NICE (the sandbox drops every capability) nothing in the job can raise either again."""
     for pid in pids:
         try:
             os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + nice))
         except OSError:
             pass  # a priority is a preference: the job runs all the same
-    try:
-        with open("/proc/self/autogroup", "w") as session:
-            session.write(str(nice))
-    except OSError:
-        pass  # a kernel without autogroups shares the CPU by the processes' nice values alone
+        _lower_session_priority(f"/proc/{pid or 'self'}/autogroup", nice)
+
+
+AUTOGROUP_RETRY_S = 1.0
+"""how long a session's nice value is retried: without CAP_SYS_ADMIN the kernel takes one change of any session's
+per tenth of a second on the whole machine (EAGAIN meanwhile), and the freshly forked runner's /proc entry is
+root's (EACCES) until it has made itself dumpable again"""
+
+
+def _lower_session_priority(autogroup: str, nice: int) -> None:
+    deadline = time.monotonic() + AUTOGROUP_RETRY_S
+    while True:
+        try:
+            with open(autogroup, "w") as session:
+                session.write(str(nice))
+            return
+        except FileNotFoundError:
+            return  # a kernel without autogroups shares the CPU by the processes' nice values alone
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
+                print(f"the job's session kept its CPU share ({autogroup}: {exc.strerror})", file=sys.stderr)
+                return  # a priority is a preference: the job runs all the same
+            time.sleep(0.02)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ renice, re-pin or signal its judge (SIGSTOP 2 ms in every 3 slows the reference 
 then also refuses (EPERM) every call that names the judge's pid or reaches it through a group: a signal to the
 judge's pid, its process group, or every process (-1); scheduler, affinity, I/O-priority and resource-limit changes
 of the judge; and joining the judge's process group (from where `kill(0, ...)` would reach it). The judge's other
-threads have numbers of their own there, which this filter does not name. The runner takes a process group of its
-own first. (Builds need `setpgid` and `setsid` otherwise: ninja starts each compiler in a group of its own.)
+threads have numbers of their own there, which this filter does not name. The runner is started in a session of
+its own (`kernelloop.tools.judge.runner_link`), where it takes a process group of its own first; no process can join
+a group of another session, so the last rule only restates that. (Builds need `setpgid` and `setsid` otherwise:
+ninja starts each compiler in a group of its own.)
 
 Numbers are those of x86_64 and aarch64, from the sandbox's one table (`SYSCALL_NUMBERS`); any other ABI is
 killed (a 32-bit call cannot slip past the table).
@@ -155,13 +157,14 @@ PARENT = -2
 
 
 def fence_off_judge(judge_pid: int | None = PARENT) -> None:
-    """In the freshly forked runner (one thread): leave the judge's process group, then install the filter
+    """In the freshly forked runner (one thread): lead a process group of its own, then install the filter
     against the judge (`judge_pid`, by default the caller's parent; None where the runner has a pid namespace of
     its own and no judge can be named)."""
     if judge_pid == PARENT:
         judge_pid = os.getppid()
     judge_pgid = os.getpgid(judge_pid) if judge_pid is not None else None
-    os.setpgid(0, 0)
+    if os.getpgrp() != os.getpid():  # a process started in a session of its own already leads its group
+        os.setpgid(0, 0)
     program = filter_program(judge_pid, judge_pgid)
     count = len(program) // 8
     instructions = (_SockFilter * count).from_buffer_copy(program)
