@@ -49,9 +49,11 @@ test-scenarios: $(BIN)/.kernelloop-installed
 # per folder come last, and a folder under its floor fails the run.
 # The measurement costs the fast tier about half again (365 s without, 521 s with in a fresh clone's `bash .ci/run` on
 # a quiet 2-core host, `make check` beside it), so each tier's budget in `make test` is half again its own.
-# The floors hold what the CPU-only suite reaches (docs/performance.md, "The test suite's cost"): the judge's GPU paths
-# (the memory check, the profile, the L2 reset, the device's figures) run only on a GPU.
-COVERAGE_FLOORS ?= tools/judge=80 tools/sandbox=85
+# The floors sit just under what the CPU-only suite reaches (tools/judge 84.0-84.4%, tools/sandbox 90.1% and more with
+# the cgroup layouts' tests; docs/performance.md, "The test suite's cost"), so losing tested lines fails the run: the
+# judge's GPU paths (the memory check, the profile, the L2 reset, the device's figures) run only on a GPU, where the
+# GPU check measured it at 91.1%.
+COVERAGE_FLOORS ?= tools/judge=83 tools/sandbox=90
 MEASURED_FAST_BUDGET_S ?= 450
 MEASURED_SCENARIO_BUDGET_S ?= 1350
 test: $(BIN)/.kernelloop-installed
