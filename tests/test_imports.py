@@ -218,3 +218,30 @@ def test_the_architecture_doc_shows_this_table() -> None:
 if __name__ == "__main__":
     DOC.write_text(_doc_with_table(DOC.read_text()))
     print(f"wrote the table of allowed edges into {DOC.relative_to(REPO)}")
+
+
+def test_a_judge_starts_without_the_host_sides_modules() -> None:
+    """What a sandboxed worker imports before its job (`kernelloop.tools.judge.worker`: torch, the runner, every
+    phase) leaves the service's side out: its settings (which read the host's environment and .env file), the
+    sandbox's launcher, the build caches and the web stack. Each is imported time and again, once per job."""
+    import subprocess
+    import sys
+
+    host_side = [
+        "kernelloop.tools.api",
+        "kernelloop.tools.settings",
+        "kernelloop.tools.sandbox.launch",
+        "kernelloop.tools.compilation.object_cache",
+        "pydantic_settings",
+        "fastapi",
+        "sqlmodel",
+    ]
+    probe = (
+        "import sys, kernelloop.tools.judge.worker, kernelloop.tools.runner.serve\n"
+        "from kernelloop.tools.judge.phases import PHASE_RUNNERS\n"
+        f"print([name for name in {host_side!r} if name in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=300, cwd=REPO)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout

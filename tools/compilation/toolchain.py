@@ -16,8 +16,10 @@ import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kernelloop.tools.settings import SandboxSettings
+if TYPE_CHECKING:  # the settings' module is the host's: a sandboxed judge never imports it
+    from kernelloop.tools.settings import SandboxSettings
 
 NVCC_DRIVER = Path(__file__).resolve().parent / "nvcc_parallel.py"
 NVCC_FLAGS = ["-lineinfo"]
