@@ -44,9 +44,20 @@ def test_nothing_timed_is_no_figure_rather_than_an_idle_host():
 
 
 def _pinned(code: str, core: int) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, "-c", code])
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     os.sched_setaffinity(process.pid, {core})
     return process
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def _started(code: str) -> str:
+    """`code` once the interpreter is up: it says so first, so what is measured is `code`, never the start-up
+    (which on a busy core waits for it, as computing does)."""
+    return f"import sys, time\nsys.stdout.write('started\\n')\nsys.stdout.flush()\n{code}"
 
 
 @pytest.mark.parametrize("work", ["computing", "sleeping"])
@@ -55,10 +66,15 @@ def test_a_process_own_time_leaves_out_what_a_busy_core_took_from_it(work: str) 
     computes beside two spinners on its one core gets about a third of the wall time as its own, and one that
     sleeps keeps all of it (a hang in time.sleep is still cut short at the limit on a busy host)."""
     core = min(os.sched_getaffinity(0))
-    spinners = [_pinned("while True: pass", core) for _ in range(2)]
-    subject = _pinned("while True: pass" if work == "computing" else "import time; time.sleep(60)", core)
+    spinners = [_pinned(_started("while True: pass"), core) for _ in range(2)]
+    subject = _pinned(_started("while True: pass" if work == "computing" else "time.sleep(60)"), core)
     try:
-        time.sleep(0.3)  # all three started
+        for process in (*spinners, subject):  # all three started, however long a busy host takes to start them
+            assert process.stdout is not None and process.stdout.readline() == b"started\n"
+        deadline = time.monotonic() + 60
+        while work == "sleeping" and _state(subject.pid) != "S":  # and in its sleep, past the line's last bytecodes
+            assert time.monotonic() < deadline, f"the sleeping process is {_state(subject.pid)}, not asleep"
+            time.sleep(0.01)
         own_time = run_queue.OwnTime(subject.pid)
         started = time.monotonic()
         time.sleep(2.0)
