@@ -125,9 +125,8 @@ class Freezer:
     misses the one born after the listing. The judge's own helpers (torch.compile's workers; a GPU tool's process)
     are in the judge's process group, which no process of the candidate's can join (the runner is born in a session
     of its own, and a process joins only a group of its own session): they are resumed at once, and so is nothing
-    else. `thaw` resumes the
-    namespace with `kill(-1, SIGCONT)`: a process of the candidate's that was stopped before the freeze (by the
-    candidate) is resumed too, which changes nothing the judge relies on.
+    else. `thaw` resumes the namespace with `kill(-1, SIGCONT)`: a process of the candidate's that was stopped
+    before the freeze (by the candidate) is resumed too, which changes nothing the judge relies on.
 
     Outside bubblewrap (`process_group`: isolation `unshare` or `none`, where no namespace is the job's and
     kill(-1) would stop the host's processes), only the runner's process group is stopped: submitted code runs
@@ -336,7 +335,7 @@ def _fork_runner(socket_fd: int) -> tuple[ForkedRunner, bool]:
         try:
             os.close(read_end)
             own = ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWPID | CLONE_NEWNS) == 0
-            os.setsid()  # the runner's session, so its autogroup, is not the judge's (`_fork_runner`)
+            os.setsid()  # the runner's session, so its autogroup, is not the judge's (see above)
             pid = os.fork()
             if pid == 0:
                 os.close(write_end)
