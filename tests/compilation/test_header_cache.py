@@ -119,11 +119,17 @@ def test_an_unchanged_source_is_not_compiled_again(kl, with_headers: SandboxSett
     assert object_cache.ready(with_headers) == kept
     first = api.compile_kernel(PROBLEM, TWO_SOURCES.replace("REVISION", "1.0f"), "cpu", settings=with_headers)
     assert first.status == Status.passed, (first.message, first.log[-2000:])
+    staged = kept.with_name(f"{kept.name}.requests")  # the texts the host holds until it has compiled them
+
+    def compiled() -> bool:
+        return len(list(kept.glob("*.o"))) == 2 and not any(staged.iterdir())
+
     deadline = time.monotonic() + OBJECT_DEADLINE_S
-    while len(list(kept.glob("*.o"))) < 2 and time.monotonic() < deadline:
+    while not compiled() and time.monotonic() < deadline:
         time.sleep(0.2)  # the host compiles both sources' text after the build
     objects = {path.read_bytes(): path for path in kept.glob("*.o")}
     assert len(objects) == 2 and all(not p.stat().st_mode & 0o222 for p in objects.values())  # the host's, read-only
+    assert not any(staged.iterdir())  # and keeps none of their texts once they are compiled
 
     second = api.compile_kernel(PROBLEM, TWO_SOURCES.replace("REVISION", "3.0f"), "cpu", settings=with_headers)
     assert second.status == Status.passed and second.cache_key != first.cache_key, second.message

@@ -99,9 +99,12 @@ def test_the_object_and_dependencies_are_nvccs(tmp_path: Path) -> None:
         pytest.param('#include "no_such_header.h"\n', id="preprocessor"),
     ],
 )
-def test_an_error_reads_as_nvccs_and_exits_as_nvcc_does(tmp_path: Path, code: str) -> None:
+def test_an_error_reads_as_nvccs_and_exits_as_nvcc_does(tmp_path: Path, code: str, monkeypatch) -> None:
     source = tmp_path / "bad.cu"
     source.write_text(code)
+    temporary = tmp_path / "tmp"  # what the compilers leave behind (nvcc itself: nothing)
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
     reference = _compile([NVCC], source, tmp_path / "nvcc.o")
     ours = _compile(DRIVER + [NVCC], source, tmp_path / "ours.o")
 
@@ -112,6 +115,7 @@ def test_an_error_reads_as_nvccs_and_exits_as_nvcc_does(tmp_path: Path, code: st
     assert text(ours.stderr) == text(reference.stderr) and "error" in ours.stderr
     assert ours.stdout == reference.stdout
     assert not (tmp_path / "ours.o").exists()
+    assert list(temporary.iterdir()) == []
 
 
 # ---- the schedule, with stand-in tools --------------------------------------------------------------------
@@ -228,7 +232,7 @@ def test_a_kernel_with_the_includes_of_an_earlier_one_compiles_on_the_hosts_prec
 
     first = driver(builds[0])
     assert first.returncode == 0, first.stderr
-    (request,) = object_cache.read_requests(builds[0])  # the first build asks for the headers' part
+    (request,) = object_cache.read_requests(builds[0], tmp_path)  # the first build asks for the headers' part
     assert request.header and request.preprocessed.stat().st_size > nvcc_parallel.MIN_PREFIX_BYTES
     assert object_cache.compile_request(kl.settings, request, kept, run_command)
     precompiled = kept / f"{request.key}.h.gch"

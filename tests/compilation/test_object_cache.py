@@ -31,7 +31,7 @@ def test_a_miss_leaves_text_and_options_whose_key_the_host_recomputes(tmp_path: 
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "build" / "ext" / "main.o").is_file() and (tmp_path / "build" / "ext" / "main.o.d").is_file()
 
-    (request,) = object_cache.read_requests(tmp_path / "build")
+    (request,) = object_cache.read_requests(tmp_path / "build", tmp_path)
     left = [p.name for p in (tmp_path / "build").iterdir()]
     assert object_cache.REQUESTS not in left  # never published with the build
     assert request.options == ["-O2", "-fPIC", "-std=c++17"]  # defines, depfiles and paths are in the text
@@ -71,7 +71,7 @@ def test_a_request_whose_name_is_another_key_is_filed_under_its_own(tmp_path: Pa
     # a job names its request after the honest key, with other options: the host files it under its own
     (found / f"{honest_key}.args").write_text("2\n-O3\nmain.cpp\n")
     (found / f"{honest_key}.ii").write_bytes(text)
-    (request,) = object_cache.read_requests(tmp_path)
+    (request,) = object_cache.read_requests(tmp_path, tmp_path)
     assert request.key == object_cache.request_key(["-O3", "main.cpp"], text) != honest_key
     # and the count of options keeps their boundary with the text: no moving a line from one to the other
     assert object_cache.request_key(["-O2"], b"main.cpp\n" + text) != honest_key

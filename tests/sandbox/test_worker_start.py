@@ -37,9 +37,11 @@ def test_the_runner_is_forked_from_the_judge_after_torch_with_nothing_of_the_jud
         "    time.sleep(0.01)\n"
         "print(json.dumps([fds, r, w]))\n"
         "print(os.readlink(f'/proc/{pid}/fd/0'))\n"
+        "entries = link.process.thread_entries\n"
         "link.close()\n"
+        "print(json.dumps([entries, entries is not None and os.path.exists(entries)]))\n"
     )
-    cpu_s, forked, fds, stdin = fresh_interpreter(code)
+    cpu_s, forked, fds, stdin, thread_entries = fresh_interpreter(code)
     runner_s, judge_s = map(float, cpu_s.split())
     # CPU time, which a loaded machine does not stretch as it does the wall clock, against the judge's own in the
     # same test: the judge imported torch (seconds of CPU), a runner that imported it again would match it
@@ -48,6 +50,11 @@ def test_the_runner_is_forked_from_the_judge_after_torch_with_nothing_of_the_jud
     listed, r, w = json.loads(fds)
     assert r not in listed and w not in listed, fds  # the judge's pipe stays the judge's
     assert len(listed) == 4 and stdin == "/dev/null", (fds, stdin)  # its output, /dev/null, its socket
+    # the folders bound over its task folder where it has a pid namespace of its own (root here): the judge's, in
+    # /tmp, removed with the runner (outside a sandbox that /tmp is the host's)
+    folder, left = json.loads(thread_entries)
+    assert folder is None or folder.startswith("/tmp/kernelloop-runner-threads-")
+    assert not left, f"{folder} outlived the runner"
 
 
 # ---- workers started ahead of their jobs ----------------------------------------------------------------------

@@ -240,10 +240,11 @@ def use_precompiled_headers(step: Step, kept: str | None, requests: str | None) 
 
 
 class Runner:
-    """Runs steps under nvcc's environment, each one's output kept for the report."""
+    """Runs steps under nvcc's environment, each one's output kept for the report. Their temporary files go to
+    `scratch`, removed with it: cicc leaves one (NAME-ID..lgenfe.bc) in TMPDIR when its front end fails."""
 
-    def __init__(self, environment: list[str]):
-        self.env = dict(os.environ)
+    def __init__(self, environment: list[str], scratch: Path):
+        self.env = dict(os.environ, TMPDIR=str(scratch))
         for line in environment:  # NAME=words, expanded already; a list of words (INCLUDES) kept as one string
             name, value = line.split("=", 1)
             self.env[name] = " ".join(shlex.split(value))
@@ -298,7 +299,7 @@ def compile_in_parallel(nvcc: str, args: list[str], scratch: Path) -> int | None
     for line in printed.splitlines():  # nvcc's own messages (a deprecated architecture, say), as it prints them
         if not line.startswith("#$ "):
             print(line, file=sys.stderr)
-    runner = Runner(plan.environment)
+    runner = Runner(plan.environment, scratch)
     target = args[args.index("-o") + 1]
     if plan.dependency_file is not None:  # nvcc lists what the host's and the device's preprocessing read
         for step in plan.preprocess:

@@ -143,8 +143,10 @@ class Request:
         return f"{self.key}.h.gch" if self.header else f"{self.key}.o"
 
 
-def read_requests(build_dir: Path) -> list[Request]:
-    """The build's misses, checked; the folder is removed (it must not be published with the build)."""
+def read_requests(build_dir: Path, staging: Path) -> list[Request]:
+    """The build's misses, checked, their texts copied into `staging` (the compiler's own folder, which it empties
+    when it starts: nothing of a request outlives a compiler that stopped before it); the build's folder of them
+    is removed (it must not be published with the build)."""
     found = build_dir / REQUESTS
     requests: list[Request] = []
     if found.is_symlink() or not found.is_dir():
@@ -166,7 +168,7 @@ def read_requests(build_dir: Path) -> list[Request]:
             key = request_key(args, text_file.read_bytes())
         except (OSError, ValueError, UnicodeDecodeError):
             continue
-        descriptor, name = tempfile.mkstemp(prefix="object-", suffix=text_file.suffix)
+        descriptor, name = tempfile.mkstemp(prefix="object-", suffix=text_file.suffix, dir=staging)
         os.close(descriptor)
         kept = Path(name)
         shutil.copyfile(text_file, kept)
@@ -218,13 +220,16 @@ class ObjectCompiler:
         self.target = folder(settings)
         self.target.mkdir(parents=True, exist_ok=True)
         self.target.chmod(UNLISTED)
+        self.staging = self.target.with_name(f"{self.target.name}.requests")
+        shutil.rmtree(self.staging, ignore_errors=True)  # an earlier compiler's, stopped before it compiled them
+        self.staging.mkdir(mode=0o700)
         self._queue: queue.Queue[Request | None] = queue.Queue(PENDING_LIMIT)
         self._thread = threading.Thread(target=self._serve, name="object-cache", daemon=True)
         self._thread.start()
 
     def collect(self, build_dir: Path) -> None:
         """After a build: queue its misses (dropped when the queue is full; a later build asks again)."""
-        for request in read_requests(build_dir):
+        for request in read_requests(build_dir, self.staging):
             if (self.target / request.kept_as).exists():
                 request.preprocessed.unlink(missing_ok=True)
                 continue

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -74,9 +75,11 @@ def make_undumpable() -> None:
 class ForkedRunner:
     """The runner's process as the judge holds it: poll, wait, kill (what subprocess.Popen offers)."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, thread_entries: str | None = None):
         self.pid = pid
         self.returncode: int | None = None
+        self.thread_entries = thread_entries
+        """the folder bound over its task folder (`_own_proc_entry`), the judge's to remove once it has ended"""
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -100,6 +103,12 @@ class ForkedRunner:
     def kill(self) -> None:
         if self.poll() is None:
             os.kill(self.pid, signal.SIGKILL)
+
+    def remove_thread_entries(self) -> None:
+        """Once it has ended (with it, its pid namespace and everything there)."""
+        if self.thread_entries is not None and self.poll() is not None:
+            shutil.rmtree(self.thread_entries, ignore_errors=True)
+            self.thread_entries = None
 
 
 FreezerKind = Literal["cgroup", "pid_namespace", "process_group"]
@@ -329,6 +338,11 @@ def _fork_runner(socket_fd: int) -> tuple[ForkedRunner, bool]:
     another session, so nothing of the candidate's is ever in the judge's group. Returns the runner and whether
     it has a namespace of its own."""
     judge_pid = os.getpid()
+    try:
+        threads: str | None = _thread_entries()
+    except OSError as exc:  # /tmp is full or missing
+        os.write(2, f"the judge could not make its runner's thread entries ({exc}): no CUDA here\n".encode())
+        threads = None
     read_end, write_end = os.pipe()
     launcher = os.fork()
     if launcher == 0:
@@ -339,8 +353,8 @@ def _fork_runner(socket_fd: int) -> tuple[ForkedRunner, bool]:
             pid = os.fork()
             if pid == 0:
                 os.close(write_end)
-                if own:
-                    _own_proc_entry()
+                if own and threads is not None:
+                    _own_proc_entry(threads)
                 capabilities.drop_all()
                 _become_runner(socket_fd, None if own else judge_pid)
             capabilities.drop_all()
@@ -355,10 +369,13 @@ def _fork_runner(socket_fd: int) -> tuple[ForkedRunner, bool]:
         pid, own = map(int, answer.split())
     except ValueError:
         raise RuntimeError(f"the runner's launcher failed (it said {answer!r})") from None
-    return ForkedRunner(pid), bool(own)
+    if not own and threads is not None:
+        shutil.rmtree(threads, ignore_errors=True)
+        threads = None
+    return ForkedRunner(pid, threads), bool(own)
 
 
-def _own_proc_entry() -> None:
+def _own_proc_entry(threads: str) -> None:
     """In the runner, pid 1 of its namespace: its own /proc entry where its numbers point, in a mount namespace of its
     own made private first (nothing it mounts reaches the judge's view). The /proc it sees is the sandbox's, which
     numbers processes and threads as the judge's namespace does, and a fresh /proc of the runner's namespace cannot
@@ -368,19 +385,15 @@ def _own_proc_entry() -> None:
     - /proc/<getpid()>, i.e. /proc/1, another process there (the sandbox's init): the runner's own entry is bound over
       it, so /proc/1/task lists the runner's threads by the sandbox's numbers;
     - /proc/self/task/<tid>/comm, which it opens for writing to name each thread it starts, by the number the
-      runner's namespace gives the thread (2, 3, ...), which the sandbox's /proc does not list: a folder of empty
-      folders named 1 to THREAD_ENTRIES, in the sandbox's /tmp, is bound over the runner's task folder, so each such
-      name lands in a file of its own there (thread names are for people; nothing reads them back).
+      runner's namespace gives the thread (2, 3, ...), which the sandbox's /proc does not list: `threads`, a folder
+      of empty folders named 1 to THREAD_ENTRIES that the judge made in /tmp (the sandbox's) and removes once the
+      runner has ended, is bound over the runner's task folder, so each such name lands in a file of its own there
+      (thread names are for people; nothing reads them back).
 
     So in the runner /proc/self/task lists those folders, not its threads: /proc/self/status counts them. A runner
     that cannot bind them says so on its error output and goes on: its CPU work needs none of it."""
     libc = ctypes.CDLL(None, use_errno=True)
     outer = f"/proc/{os.readlink('/proc/self')}"  # /proc/self: the runner's number in the sandbox's /proc
-    try:
-        threads = _thread_entries()
-    except OSError as exc:  # the sandbox's /tmp is full or missing
-        os.write(2, f"the runner could not make its thread entries ({exc}): no CUDA here\n".encode())
-        return
     for source, target, flags in (
         (None, "/", MS_REC | MS_PRIVATE),
         (outer, "/proc/1", MS_BIND),
@@ -624,6 +637,7 @@ class RunnerLink:
     def close(self) -> None:
         self.kill()
         self.channel.close()
+        self.process.remove_thread_entries()
 
     def finish_tool(self, timeout_s: float) -> ToolRun:
         """End a runner started under a tool and wait for the tool to exit (killing it and everything below it at
