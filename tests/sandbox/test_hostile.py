@@ -364,10 +364,12 @@ def test_resource_bombs_stop_at_a_limit(host: Host, cgroups: bool) -> None:
     """With a pids cgroup (where the host allows one) the first fork refused at the cap ends the job; without
     one (the GPU machine's containers) its processes are counted and the job is ended when they pass the cap.
     Either way a limit ends it, not its timeout, and it leaves no process behind. The timeout is long (a loaded
-    2-core machine forks 512 copies of a process that imported torch slowly) and the test asks the sandbox's
-    report whether the timeout or a limit ended the job, rather than a clock. (The memory and file bombs are
+    2-core machine forks copies of a process that imported torch slowly) and the test asks the sandbox's report
+    whether the timeout or a limit ended the job, rather than a clock. (The memory and file bombs are
     `tests/sandbox/test_limits.py`'s and the sandbox tests' to reach: the fork bomb ends this job first.)"""
-    settings = host.settings.model_copy(update={"job_cgroups": cgroups, "compile_timeout_s": 600})
+    # a cap of 64 rather than the default 512: the same limit reached, at an eighth of the forks of a process that
+    # imported torch (each copies its page tables: about a minute of the suite's CPU at 512)
+    settings = host.settings.model_copy(update={"job_cgroups": cgroups, "compile_timeout_s": 600, "max_processes": 64})
     attack = _attack(Host(**{**host.__dict__, "settings": settings}), "bombs")
 
     _assert_reached(attack, "forked its first child")
