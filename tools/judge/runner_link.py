@@ -407,7 +407,7 @@ def _own_proc_entry(threads: str) -> None:
 
 
 def _thread_entries() -> str:
-    """A new folder of THREAD_ENTRIES empty folders, named 1 to THREAD_ENTRIES, in the sandbox's /tmp."""
+    """A new folder of THREAD_ENTRIES empty folders, named 1 to THREAD_ENTRIES, in /tmp (the sandbox's, in one)."""
     root = tempfile.mkdtemp(prefix="kernelloop-runner-threads-", dir="/tmp")
     for number in range(1, THREAD_ENTRIES + 1):
         os.mkdir(f"{root}/{number}")
