@@ -504,8 +504,8 @@ class RunnerLink:
         `[sanitizer, "--tool", "memcheck"]`), started as a program of its own under that tool, with the libraries
         the problem forbids fenced off before the tool starts (`kernelloop.tools.runner.spawn`) and `environment`
         added to the judge's for the tool and the runner."""
+        torch = code_coverage.import_unmeasured("torch")
         importlib.import_module(RUNNER_MODULE)  # torch and the runner's code, once, for both processes
-        import torch
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         sys.stdout.flush()
