@@ -64,6 +64,9 @@ class ModelNew(torch.nn.Module):
 KERNELBENCH_75 = "75_conv_transposed_2D_asymmetric_input_asymmetric_kernel_strided__grouped____padded____dilated__"
 # the reference wastes 64 passes over its input: a one-pass solution is many times faster on any CPU
 WASTEFUL_ADD_ONE = "        for _ in range(64):\n            x = x + 0.0\n        return x + 1"
+# and the other way round: the right values computed 64 times over, many times slower than the reference on any CPU
+# and under any load (a copy of the reference, 0.22x-1.08x beside four spinning processes, once read over 2x)
+SLOW_RELU_THEN_SCALE = "(torch.relu(x.repeat(64, 1)) * 0.5)[: len(x)]"
 
 
 def _timed_honestly(entry: dict[str, Any]) -> bool:
@@ -91,7 +94,7 @@ def kernelbench_layout(tmp_path: Path) -> tuple[Path, Path]:
     _write(problems / "level2" / "1_Relu_then_scale.py", PROBLEM.format(body="        return torch.relu(x) * 0.5"))
     _write(solutions / "1_Wasteful_add_one.py", SOLUTION.format(expression="x + 1"))
     _write(solutions / "level1" / "2_Scale.py", SOLUTION.format(expression="x * 3"))  # wrong
-    _write(solutions / "level_2_problem_1_sample_0_kernel.py", SOLUTION.format(expression="torch.relu(x) * 0.5"))
+    _write(solutions / "level_2_problem_1_sample_0_kernel.py", SOLUTION.format(expression=SLOW_RELU_THEN_SCALE))
     return problems, solutions
 
 
@@ -235,7 +238,11 @@ def test_the_suite_command_scores_each_level_and_records_every_attempt(
     assert set(levels) == {"level1", "level2", "all"}
     assert levels["level1"]["problems"] == 3 and levels["level1"]["correct"] == 1
     assert levels["level1"]["fast_p"]["fast_2"] == pytest.approx(1 / 3 if timed else 0)
-    assert levels["level2"]["correctness_rate"] == 1 and levels["level2"]["fast_p"]["fast_2"] == 0
+    slow = by_problem["1_Relu_then_scale"]  # correct, so counted in the level's correctness, but never fast
+    slow_timed = _timed_honestly(slow)
+    assert not slow_timed or slow["speedup"] < 1, slow
+    assert levels["level2"]["correctness_rate"] == 1
+    assert levels["level2"]["fast_p"] == {"fast_0": int(slow_timed), "fast_1": 0, "fast_1.5": 0, "fast_2": 0}
     assert levels["all"]["problems"] == 4 and levels["all"]["correct"] == 2
     # each solution is an attempt like any other, judged under KernelBench's policy (their files have no metadata)
     assert len(attempts) == 3 and {a["proposer"] for a in attempts} == {"suite"}
@@ -355,5 +362,6 @@ def test_solutions_are_judged_while_a_later_problem_still_registers(kernelbench_
         "3_Tanh",
         "1_Relu_then_scale",
     }
-    assert final["1_Relu_then_scale"].status == "passed" and final["1_Relu_then_scale"].correct
+    _timed_honestly(final["1_Relu_then_scale"].model_dump())
+    assert final["1_Relu_then_scale"].correct
     assert outcome.left_out == []
