@@ -18,10 +18,13 @@ Usage: python scripts/mutation_check.py [--list tests/mutations.toml] [NAME ...]
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Iterator
@@ -99,8 +102,16 @@ def applied(sabotage: Sabotage, root: Path = REPO) -> Iterator[None]:
 
 
 def run_tests(node_ids: list[str]) -> subprocess.CompletedProcess[str]:
+    """pytest on these tests, in a test folder of its own (KERNELLOOP_TEST_ROOT) that this process removes however
+    the run ends: pytest removes the one it makes only when it exits on its own, and a stopped check kills it."""
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *node_ids]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    parent = "/var/tmp" if os.access("/var/tmp", os.W_OK) else None  # as the suite's: a sandbox has its own /tmp
+    root = tempfile.mkdtemp(prefix="kernelloop-mutation-", dir=parent)
+    try:
+        environment = {**os.environ, "KERNELLOOP_TEST_ROOT": root}
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=environment)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def check(sabotage: Sabotage) -> tuple[Outcome, str]:
