@@ -57,7 +57,8 @@ def worker_environment(job_dir: Path) -> dict[str, str]:
 
 def import_unmeasured(name: str) -> ModuleType:
     """Import a module that is not ours (torch) with the measurement paused: the lines of ours that run after it
-    are measured as before, and the interpreter runs the module's import at its own speed."""
+    are measured as before, and the interpreter runs the module's import at its own speed. For a process's start,
+    while it has one thread: coverage.py resumes tracing on the calling thread only."""
     measurement = _current_measurement()
     collector = measurement._collector if measurement is not None else None
     if collector is None:
