@@ -89,7 +89,7 @@ check: $(BIN)/.kernelloop-installed
 gpu-check: $(BIN)/.kernelloop-installed
 	$(BIN)/python scripts/gpu_check.py $(if $(KERNELBENCH),--kernelbench $(KERNELBENCH))
 
-# Twelve one-line sabotages of the judge, the sandbox and the queue (tests/mutations.toml): each must turn its tests red.
+# Thirteen one-line sabotages of the judge, the sandbox and the queue (tests/mutations.toml): each must turn its tests red.
 .PHONY: test-mutations
 test-mutations: $(BIN)/.kernelloop-installed
 	$(BIN)/python scripts/mutation_check.py

@@ -13,8 +13,8 @@ mutation_check = load_script("mutation_check")
 ENTRIES = mutation_check.load()
 
 
-def test_the_list_names_twelve_distinct_sabotages_of_the_judge_the_sandbox_and_the_queue() -> None:
-    assert len(ENTRIES) == 12 and len({s.name for s in ENTRIES}) == 12
+def test_the_list_names_thirteen_distinct_sabotages_of_the_judge_the_sandbox_and_the_queue() -> None:
+    assert len(ENTRIES) == 13 and len({s.name for s in ENTRIES}) == 13
     folders = {str(Path(s.file).parent) for s in ENTRIES}
     assert folders == {"tools/judge", "tools/sandbox", "tools/runner", "storage"}, folders
 

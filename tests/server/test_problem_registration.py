@@ -45,6 +45,27 @@ def get_inputs():
 def get_init_inputs():
     return []
 """
+# an uploaded problem file is code like any submission: it must run holding no capability (a sandboxed worker starts
+# with CAP_SYS_ADMIN in the sandbox's user namespace, which only the judge needs, for its runner)
+HOLDS_NO_CAPABILITY = """
+import torch
+import torch.nn as nn
+
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+held = {name: status[name].strip() for name in ("CapEff", "CapPrm", "CapInh", "CapAmb")}
+if any(int(mask, 16) for mask in held.values()):
+    raise ValueError(f"the problem file holds capabilities: {held}")
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x + 1
+
+def get_inputs():
+    return [torch.randn(16)]
+
+def get_init_inputs():
+    return []
+"""
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +97,9 @@ def test_an_allocation_that_fails_while_exercising_is_reported_as_too_large(api:
     assert body["error"] == "problem_too_large", body
     assert "ran out of memory" in body["message"], body["message"]
     assert "must import and define" not in body.get("fix", ""), body
+
+
+def test_an_uploaded_problem_file_runs_holding_no_capability(api: httpx.Client):
+    response = api.post("/v1/problems", json={"name": "holds_no_capability", "source": HOLDS_NO_CAPABILITY})
+
+    assert response.is_success, response.text

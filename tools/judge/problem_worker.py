@@ -3,7 +3,9 @@
 It loads an uploaded problem file as `kernelloop.tools.problems` would (which sizes every shape on torch's meta
 device, allocating nothing), builds Model for every shape and calls get_inputs() where the shapes leave the
 inputs to it, and sends the resulting ProblemSpec (or what failed) back on the private pipe, tagged with the
-job's nonce. Nothing in the file runs in the service.
+job's nonce. Nothing in the file runs in the service, and nothing of it runs with a capability: the worker gives up
+the one every sandboxed worker starts with (`kernelloop.tools.judge.capabilities`, the judge's for its runner)
+before anything else.
 
 Sizes come first: a shape whose parameters, inputs and output (as the meta device measured them) exceed
 EXERCISE_MAX_BYTES is exercised on the meta device only, so a problem made for a large GPU registers on a CPU
@@ -24,6 +26,7 @@ from types import ModuleType
 
 from kernelloop.tools import code_coverage
 from kernelloop.tools.jobs import ProblemCheckJob, ProblemCheckReply
+from kernelloop.tools.judge import capabilities
 from kernelloop.tools.problems import ProblemSpec, ShapeSpec
 
 EXERCISE_MAX_BYTES = 2 << 30
@@ -137,6 +140,7 @@ def _build(module: ModuleType, shape: ShapeSpec, device: object) -> int | None:
 
 
 def main() -> None:
+    capabilities.drop_all()  # an uploaded file is code like a submission: it runs with nothing of the judge's
     code_coverage.import_unmeasured("torch")  # which the problem's file imports; ahead of the job
     channel = os.fdopen(int(sys.argv[1]), "w", buffering=1)
     job = ProblemCheckJob.model_validate_json(sys.stdin.buffer.read())
