@@ -117,15 +117,16 @@ def test_hangs_end_by_their_deadlines_not_the_phase_limit_and_none_holds_up_anot
     with ThreadPoolExecutor(len(jobs)) as pool:
         results = dict(zip(jobs, pool.map(lambda job: job(), jobs.values())))
 
+    # each ended by its own deadline, which its message names: none by the 900 s phase limit (`timed_out`). Not a
+    # bound on wall time: 25 s of a spinning hang's own time took 320 s of wall time beside four busy processes and
+    # a second test run on two cores
     forward = results.pop("in_forward")
     assert forward.status == Status.timeout, forward.message
-    assert not forward.sandbox.timed_out and forward.sandbox.wall_seconds < 60, forward.sandbox
+    assert not forward.sandbox.timed_out, forward.sandbox
     assert "no answer within 25 s" in forward.message and "shape small" in forward.message, forward.message
     for where, result in results.items():
         assert result.status == Status.timeout, (where, result.message)
-        # 25 s of the runner's own time: a spinning hang gets a share of a core beside the other two (and whatever
-        # else the host runs), so its wall time is longer, and still far short of the 900 s phase limit
-        assert not result.sandbox.timed_out and result.sandbox.wall_seconds < 300, (where, result.sandbox)
+        assert not result.sandbox.timed_out, (where, result.sandbox)
         assert "no build running for 25 s of its own time" in result.message, (where, result.message)
 
 
