@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROBLEM
+from server_fixtures import scaled_relu_problem
 
 from kernelloop.tools import api
+from kernelloop.tools.problems import ProblemSpec, load_problem
 from kernelloop.tools.results import CompileResult, Status
 from kernelloop.tools.settings import SandboxSettings
 
@@ -40,11 +41,35 @@ READ_BACK = set(NOT_SEEN) - {"job_folder_listing", "process"}
 """the marks whose content the probe reads back: the token, when found"""
 
 
-def _job(settings: SandboxSettings, role: str, values: dict[str, str]) -> CompileResult:
-    code = (HOSTILE / "prelude.py").read_text() + (HOSTILE / "neighbour.py").read_text()
+SCALED_RELU = """
+
+import torch
+
+
+class ModelNew(nn.Module):  # the problem's, in place of the prelude's convolution
+    def forward(self, x):
+        return torch.relu(x) * 2.0
+"""
+
+
+@pytest.fixture
+def problem(tmp_path: Path) -> ProblemSpec:
+    """A problem that fences no library off: under the fence (Landlock, `tools/runner/library_fence.py`) a runner
+    reads no file made after it below a folder that holds a fenced library's file, which /tmp does where the checkout
+    lies below it, so the marks' control could not read its own /tmp file back there."""
+    path = tmp_path / "scaled_relu.py"
+    path.write_text(scaled_relu_problem())
+    return load_problem(str(path))
+
+
+def _job(settings: SandboxSettings, problem: ProblemSpec, role: str, values: dict[str, str]) -> CompileResult:
+    code = (HOSTILE / "prelude.py").read_text() + (HOSTILE / "neighbour.py").read_text() + SCALED_RELU
     for placeholder, value in {"__ROLE__": role, **values}.items():
         code = code.replace(placeholder, value)
-    return api.compile_kernel(PROBLEM, code + f"\n# {role} {secrets.token_hex(8)}\n", "cpu", settings=settings)
+    step = api.make_step("compile", problem, code + f"\n# {role} {secrets.token_hex(8)}\n", "cpu")
+    result = api.run_phase(step, settings)
+    assert isinstance(result, CompileResult), result
+    return result
 
 
 def _outcomes(result: CompileResult) -> dict[str, str]:
@@ -54,12 +79,12 @@ def _outcomes(result: CompileResult) -> dict[str, str]:
     return json.loads(found.group(1))
 
 
-def test_a_job_finds_none_of_the_marks_of_a_job_running_beside_it(session_root: Path) -> None:
+def test_a_job_finds_none_of_the_marks_of_a_job_running_beside_it(session_root: Path, problem: ProblemSpec) -> None:
     settings = SandboxSettings(data_dir=session_root / "neighbours-data", compile_timeout_s=PLANT_WAIT_S + 120)
     token, shm_key = secrets.token_hex(6), str(secrets.randbelow(1 << 30) + 1)
     values = {"__TOKEN__": token, "__SHM_KEY__": shm_key}
     planted: list[CompileResult] = []
-    planter = threading.Thread(target=lambda: planted.append(_job(settings, "plant", values)), daemon=True)
+    planter = threading.Thread(target=lambda: planted.append(_job(settings, problem, "plant", values)), daemon=True)
     planter.start()
     sign = None
     deadline = time.monotonic() + PLANT_WAIT_S
@@ -72,7 +97,7 @@ def test_a_job_finds_none_of_the_marks_of_a_job_running_beside_it(session_root: 
         assert sign is not None, ("the planting job never said it was ready", planted and planted[0].message)
         folder, port = sign.parent, sign.read_text().strip()
         assert port.isdigit(), port
-        sought = _job(settings, "seek", {**values, "__FOLDER__": str(folder), "__PORT__": port})
+        sought = _job(settings, problem, "seek", {**values, "__FOLDER__": str(folder), "__PORT__": port})
         assert planter.is_alive(), "the planting job ended before its neighbour looked"
     finally:
         (sign.parent if sign else settings.jobs_dir / "none").joinpath("kl-neighbour-done").touch()
